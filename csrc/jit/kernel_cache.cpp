@@ -1,0 +1,279 @@
+#include "jit/kernel_cache.h"
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "jit/disk_cache.h"
+
+namespace rtcnorm::jit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct AtomicStats {
+  std::atomic<uint64_t> memory_hits{0}, memory_misses{0}, disk_hits{0}, disk_misses{0}, disk_corrupt{0},
+      disk_writes{0}, compiles{0}, module_loads{0};
+  std::atomic<uint64_t> compile_us{0}, disk_load_us{0}, module_load_us{0};
+};
+AtomicStats g_stats;
+
+void add_ms(std::atomic<uint64_t>& us, double ms) { us.fetch_add(static_cast<uint64_t>(ms * 1000.0)); }
+
+// ---- compiled images, shared by all devices of an arch ----------------------
+
+using ImagePtr = std::shared_ptr<const CompiledKernel>;
+std::mutex g_images_mutex;
+std::unordered_map<KernelKey, std::shared_future<ImagePtr>, KernelKeyHash> g_images;
+
+ImagePtr load_or_compile(const KernelKey& key, bool* compiled) {
+  *compiled = false;
+  const std::string key_text = disk_key_text(key);
+  CompiledKernel k;
+  auto t0 = Clock::now();
+  DiskLookup r = disk_cache_load(key, key_text, &k);
+  if (r == DiskLookup::kHit) {
+    g_stats.disk_hits++;
+    add_ms(g_stats.disk_load_us, ms_since(t0));
+    return std::make_shared<const CompiledKernel>(std::move(k));
+  }
+  if (r == DiskLookup::kCorrupt) g_stats.disk_corrupt++;
+  if (r != DiskLookup::kDisabled) {
+    // Another process may be compiling the same entry: wait for it, re-check.
+    DiskEntryLock lock(key, key_text);
+    t0 = Clock::now();
+    r = disk_cache_load(key, key_text, &k);
+    if (r == DiskLookup::kHit) {
+      g_stats.disk_hits++;
+      add_ms(g_stats.disk_load_us, ms_since(t0));
+      return std::make_shared<const CompiledKernel>(std::move(k));
+    }
+    g_stats.disk_misses++;
+    t0 = Clock::now();
+    k = compile_kernel(key);
+    g_stats.compiles++;
+    add_ms(g_stats.compile_us, ms_since(t0));
+    *compiled = true;
+    if (disk_cache_store(key, key_text, k)) g_stats.disk_writes++;
+    return std::make_shared<const CompiledKernel>(std::move(k));
+  }
+  t0 = Clock::now();
+  k = compile_kernel(key);
+  g_stats.compiles++;
+  add_ms(g_stats.compile_us, ms_since(t0));
+  *compiled = true;
+  return std::make_shared<const CompiledKernel>(std::move(k));
+}
+
+ImagePtr compiled_image_impl(const KernelKey& key, bool* compiled) {
+  *compiled = false;
+  std::promise<ImagePtr> promise;
+  std::shared_future<ImagePtr> existing;
+  bool owner = false;
+  {
+    std::lock_guard<std::mutex> lock(g_images_mutex);
+    auto it = g_images.find(key);
+    if (it != g_images.end()) {
+      existing = it->second;
+    } else {
+      g_images.emplace(key, promise.get_future().share());
+      owner = true;
+    }
+  }
+  if (!owner) return existing.get();  // rethrows the builder's error
+  try {
+    ImagePtr p = load_or_compile(key, compiled);
+    promise.set_value(p);
+    return p;
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(g_images_mutex);
+      g_images.erase(key);
+    }
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+// ---- per-device loaded functions -------------------------------------------
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceSlot {
+  std::once_flag init;
+  DeviceInfo info;
+  CUcontext ctx = nullptr;
+  std::shared_mutex mutex;
+  std::unordered_map<KernelKey, LoadedKernel, KernelKeyHash> kernels;
+};
+std::array<DeviceSlot, kMaxDevices> g_devices;
+
+DeviceSlot& slot(int device) {
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "rtcnorm: CUDA device index ", device, " is out of range");
+  DeviceSlot& s = g_devices[device];
+  std::call_once(s.init, [&] {
+    const DriverApi& d = driver();
+    CUdevice dev = 0;
+    check_cu(d.cuDeviceGet(&dev, device), "cuDeviceGet");
+    int major = 0, minor = 0;
+    check_cu(d.cuDeviceGetAttribute(&s.info.sm_count, kAttrMultiprocessorCount, dev), "cuDeviceGetAttribute");
+    check_cu(d.cuDeviceGetAttribute(&major, kAttrComputeCapabilityMajor, dev), "cuDeviceGetAttribute");
+    check_cu(d.cuDeviceGetAttribute(&minor, kAttrComputeCapabilityMinor, dev), "cuDeviceGetAttribute");
+    check_cu(d.cuDeviceGetAttribute(&s.info.max_smem_optin, kAttrMaxSharedMemoryPerBlockOptin, dev),
+             "cuDeviceGetAttribute");
+    s.info.arch = major * 10 + minor;
+    check_cu(d.cuDevicePrimaryCtxRetain(&s.ctx, dev), "cuDevicePrimaryCtxRetain");
+  });
+  return s;
+}
+
+// torch runs on each device's primary context; make it current for this thread.
+void make_current(const DeviceSlot& s) {
+  const DriverApi& d = driver();
+  CUcontext cur = nullptr;
+  check_cu(d.cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
+  if (cur != s.ctx) check_cu(d.cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
+}
+
+}  // namespace
+
+const DeviceInfo& device_info(int device) { return slot(device).info; }
+
+CUstream current_stream(int device) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::Stream s = impl->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  return static_cast<CUstream>(s.native_handle());
+}
+
+std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key) {
+  bool compiled = false;
+  return compiled_image_impl(key, &compiled);
+}
+
+const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream, size_t dyn_smem) {
+  DeviceSlot& s = slot(device);
+  {
+    std::shared_lock<std::shared_mutex> lock(s.mutex);
+    auto it = s.kernels.find(key);
+    if (it != s.kernels.end()) {
+      g_stats.memory_hits.fetch_add(1, std::memory_order_relaxed);
+      return it->second;
+    }
+  }
+  g_stats.memory_misses++;
+  const DriverApi& d = driver();
+  int capture = kStreamCaptureStatusNone;
+  check_cu(d.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  TORCH_CHECK(capture == kStreamCaptureStatusNone, "rtcnorm: kernel ", key.describe(),
+              " is not loaded on cuda:", device,
+              " and the current stream is being captured into a CUDA graph; compiling or loading a kernel during "
+              "capture is not allowed. Warm up first: run the same op with the same shapes, dtypes and mode once "
+              "before capture (rtcnorm.jit.precompile only fills the disk cache).");
+  TORCH_CHECK(key.arch == s.info.arch, "rtcnorm: internal error: key for sm_", key.arch, " on a device of sm_",
+              s.info.arch);
+  auto image = compiled_image(key);
+
+  std::unique_lock<std::shared_mutex> lock(s.mutex);
+  auto it = s.kernels.find(key);
+  if (it != s.kernels.end()) return it->second;
+  make_current(s);
+  const auto t0 = Clock::now();
+  CUmodule mod = nullptr;
+  check_cu(d.cuModuleLoadData(&mod, image->image.data()), "cuModuleLoadData");
+  LoadedKernel k;
+  check_cu(d.cuModuleGetFunction(&k.fn, mod, image->lowered_name.c_str()), "cuModuleGetFunction");
+  k.threads = key.threads();
+  k.smem = dyn_smem;
+  TORCH_CHECK(dyn_smem <= static_cast<size_t>(s.info.max_smem_optin), "rtcnorm: kernel ", key.describe(), " needs ",
+              dyn_smem, " bytes of shared memory; the device allows ", s.info.max_smem_optin);
+  if (dyn_smem > 48 * 1024)
+    check_cu(d.cuFuncSetAttribute(k.fn, kFuncAttrMaxDynamicSharedSizeBytes, static_cast<int>(dyn_smem)),
+             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+  check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&k.blocks_per_sm, k.fn, k.threads, dyn_smem),
+           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  check_cu(d.cuFuncGetAttribute(&k.registers, kFuncAttrNumRegs, k.fn), "cuFuncGetAttribute");
+  TORCH_CHECK(k.blocks_per_sm > 0, "rtcnorm: kernel ", key.describe(), " cannot run: no CTA of ", k.threads,
+              " threads fits on an SM");
+  g_stats.module_loads++;
+  add_ms(g_stats.module_load_us, ms_since(t0));
+  return s.kernels.emplace(key, k).first->second;
+}
+
+void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
+            CUstream stream, void* params) {
+  void* args[] = {params};
+  check_cu(driver().cuLaunchKernel(k.fn, grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(k.smem),
+                                   stream, args, nullptr),
+           "cuLaunchKernel");
+}
+
+JitStats stats() {
+  JitStats s;
+  s.memory_hits = g_stats.memory_hits.load();
+  s.memory_misses = g_stats.memory_misses.load();
+  s.disk_hits = g_stats.disk_hits.load();
+  s.disk_misses = g_stats.disk_misses.load();
+  s.disk_corrupt = g_stats.disk_corrupt.load();
+  s.disk_writes = g_stats.disk_writes.load();
+  s.compiles = g_stats.compiles.load();
+  s.module_loads = g_stats.module_loads.load();
+  s.compile_ms = g_stats.compile_us.load() / 1000.0;
+  s.disk_load_ms = g_stats.disk_load_us.load() / 1000.0;
+  s.module_load_ms = g_stats.module_load_us.load() / 1000.0;
+  return s;
+}
+
+void reset_stats() {
+  for (auto* c : {&g_stats.memory_hits, &g_stats.memory_misses, &g_stats.disk_hits, &g_stats.disk_misses,
+                  &g_stats.disk_corrupt, &g_stats.disk_writes, &g_stats.compiles, &g_stats.module_loads,
+                  &g_stats.compile_us, &g_stats.disk_load_us, &g_stats.module_load_us})
+    c->store(0);
+}
+
+int clear_cache() {
+  {
+    std::lock_guard<std::mutex> lock(g_images_mutex);
+    g_images.clear();
+  }
+  return disk_cache_clear();
+}
+
+std::vector<std::string> precompile_keys(const std::vector<KernelKey>& keys, int threads) {
+  std::vector<std::string> lines(keys.size());
+  std::vector<std::exception_ptr> errors(keys.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < keys.size(); i = next++) {
+      try {
+        bool compiled = false;
+        auto img = compiled_image_impl(keys[i], &compiled);
+        lines[i] = keys[i].name_expression() + " " + img->target + (compiled ? " compiled" : " cached");
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  n = std::max(1, std::min<int>(n, static_cast<int>(keys.size())));
+  std::vector<std::thread> pool;
+  for (int i = 0; i < n; ++i) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return lines;
+}
+
+}  // namespace rtcnorm::jit

@@ -1,0 +1,87 @@
+// The two-level kernel cache and the launch path.
+//
+//   get_kernel(key, device)   per-device map of loaded functions (hot path:
+//                             a shared lock and a hash of a fixed-size key)
+//     -> compiled_image(key)  per-process map of images by key, one build per
+//                             key even under concurrent callers
+//       -> disk cache         verified entries, flock'd against other processes
+//         -> NVRTC            compile, then store to disk
+//
+// Invariants:
+// - A function loaded for one device is only ever launched on that device:
+//   the per-device maps are separate and the key carries the device's arch.
+// - Nothing is compiled or loaded while the launching stream is capturing a
+//   CUDA graph: that raises an error telling the user to warm up first.
+// - Failures propagate to every waiter and leave no entry behind, so a later
+//   call retries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jit/cuda_driver.h"
+#include "jit/kernel_key.h"
+#include "jit/nvrtc.h"
+
+namespace rtcnorm::jit {
+
+struct DeviceInfo {
+  int sm_count = 0;
+  int arch = 0;  // major * 10 + minor
+  int max_smem_optin = 0;
+};
+
+// Queried once per device through the driver.
+const DeviceInfo& device_info(int device);
+
+struct LoadedKernel {
+  CUfunction fn = nullptr;
+  int threads = 0;
+  size_t smem = 0;          // dynamic shared memory every launch passes
+  int blocks_per_sm = 0;    // occupancy at (threads, smem)
+  int registers = 0;
+};
+
+// The loaded kernel for key on `device`, compiling or reading the disk cache
+// on a miss. key.arch must be the device's arch. dyn_smem is fixed per key.
+const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream, size_t dyn_smem);
+
+// The compiled image for key (key.arch decides the target); no GPU needed.
+std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key);
+
+// Launches `k` with a single by-value parameter block.
+void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
+            CUstream stream, void* params);
+
+// The current torch CUDA stream of `device`, as a driver handle.
+CUstream current_stream(int device);
+
+struct JitStats {
+  uint64_t memory_hits = 0;
+  uint64_t memory_misses = 0;
+  uint64_t disk_hits = 0;
+  uint64_t disk_misses = 0;
+  uint64_t disk_corrupt = 0;
+  uint64_t disk_writes = 0;
+  uint64_t compiles = 0;
+  double compile_ms = 0;
+  double disk_load_ms = 0;
+  uint64_t module_loads = 0;
+  double module_load_ms = 0;
+};
+
+JitStats stats();
+void reset_stats();
+
+// Drops the in-process compiled images (loaded device functions stay: they
+// may be in use by queued work) and the disk entries; returns disk entries removed.
+int clear_cache();
+
+// Compiles keys on `threads` worker threads (0: hardware concurrency).
+// Returns one line per key: "<kernel> <target> <compiled|cached>".
+std::vector<std::string> precompile_keys(const std::vector<KernelKey>& keys, int threads);
+
+}  // namespace rtcnorm::jit

@@ -1,0 +1,241 @@
+#include "jit/nvrtc.h"
+
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+#include "jit/cuda_driver.h"
+#include "jit/embedded_sources.h"
+
+namespace rtcnorm::jit {
+namespace {
+
+using nvrtcProgram = struct _nvrtcProgram*;
+using nvrtcResult = int;
+
+struct NvrtcApi {
+  nvrtcResult (*nvrtcVersion)(int*, int*);
+  nvrtcResult (*nvrtcGetNumSupportedArchs)(int*);
+  nvrtcResult (*nvrtcGetSupportedArchs)(int*);
+  nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram*, const char*, const char*, int, const char* const*,
+                                    const char* const*);
+  nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram*);
+  nvrtcResult (*nvrtcAddNameExpression)(nvrtcProgram, const char*);
+  nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char* const*);
+  nvrtcResult (*nvrtcGetLoweredName)(nvrtcProgram, const char*, const char**);
+  nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetPTXSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetPTX)(nvrtcProgram, char*);
+  const char* (*nvrtcGetErrorString)(nvrtcResult);
+};
+
+struct LoadedNvrtc {
+  NvrtcApi api{};
+  NvrtcInfo info;
+};
+
+std::mutex g_dirs_mutex;
+std::vector<std::string> g_search_dirs;
+
+const char* const kLibNames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+
+void* try_open(const std::string& path, std::vector<std::string>& tried) {
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* why = dlerror();
+    tried.push_back(path + " (" + (why ? why : "not loadable") + ")");
+  }
+  return h;
+}
+
+void* open_in_dir(const std::string& dir, std::vector<std::string>& tried) {
+  for (const char* name : kLibNames) {
+    const std::string path = dir + "/" + name;
+    if (void* h = try_open(path, tried)) return h;
+  }
+  return nullptr;
+}
+
+template <typename F>
+void bind(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  TORCH_CHECK(fn != nullptr, "rtcnorm: the NVRTC library has no symbol ", name);
+}
+
+LoadedNvrtc load_nvrtc() {
+  std::vector<std::string> tried;
+  void* lib = nullptr;
+  if (const char* forced = std::getenv("RTCNORM_NVRTC_PATH"); forced != nullptr && *forced != '\0') {
+    const std::string p(forced);
+    lib = try_open(p, tried);
+    if (lib == nullptr) lib = open_in_dir(p, tried);
+    TORCH_CHECK(lib != nullptr, "rtcnorm: RTCNORM_NVRTC_PATH=", p,
+                " does not name a loadable NVRTC library or a folder holding one. Tried: ",
+                c10::Join("; ", tried));
+  } else {
+    std::vector<std::string> dirs;
+    {
+      std::lock_guard<std::mutex> lock(g_dirs_mutex);
+      dirs = g_search_dirs;
+    }
+    for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
+      if (const char* v = std::getenv(env); v != nullptr && *v != '\0') dirs.push_back(std::string(v) + "/lib64");
+    dirs.push_back("/usr/local/cuda/lib64");
+    for (const auto& d : dirs) {
+      if ((lib = open_in_dir(d, tried)) != nullptr) break;
+    }
+    for (const char* name : kLibNames) {
+      if (lib != nullptr) break;
+      lib = try_open(name, tried);
+    }
+    TORCH_CHECK(lib != nullptr,
+                "rtcnorm: NVRTC (libnvrtc.so) was not found. Install torch's CUDA wheels (they ship it), a CUDA "
+                "toolkit, or set RTCNORM_NVRTC_PATH. Tried: ",
+                c10::Join("; ", tried));
+  }
+
+  LoadedNvrtc n;
+  auto& a = n.api;
+  bind(lib, "nvrtcVersion", a.nvrtcVersion);
+  bind(lib, "nvrtcGetNumSupportedArchs", a.nvrtcGetNumSupportedArchs);
+  bind(lib, "nvrtcGetSupportedArchs", a.nvrtcGetSupportedArchs);
+  bind(lib, "nvrtcCreateProgram", a.nvrtcCreateProgram);
+  bind(lib, "nvrtcDestroyProgram", a.nvrtcDestroyProgram);
+  bind(lib, "nvrtcAddNameExpression", a.nvrtcAddNameExpression);
+  bind(lib, "nvrtcCompileProgram", a.nvrtcCompileProgram);
+  bind(lib, "nvrtcGetLoweredName", a.nvrtcGetLoweredName);
+  bind(lib, "nvrtcGetProgramLogSize", a.nvrtcGetProgramLogSize);
+  bind(lib, "nvrtcGetProgramLog", a.nvrtcGetProgramLog);
+  bind(lib, "nvrtcGetCUBINSize", a.nvrtcGetCUBINSize);
+  bind(lib, "nvrtcGetCUBIN", a.nvrtcGetCUBIN);
+  bind(lib, "nvrtcGetPTXSize", a.nvrtcGetPTXSize);
+  bind(lib, "nvrtcGetPTX", a.nvrtcGetPTX);
+  bind(lib, "nvrtcGetErrorString", a.nvrtcGetErrorString);
+
+  Dl_info dl{};
+  n.info.path = dladdr(reinterpret_cast<void*>(a.nvrtcVersion), &dl) && dl.dli_fname ? dl.dli_fname : "libnvrtc";
+  a.nvrtcVersion(&n.info.major, &n.info.minor);
+  int count = 0;
+  a.nvrtcGetNumSupportedArchs(&count);
+  n.info.archs.resize(static_cast<size_t>(std::max(count, 0)));
+  if (count > 0) a.nvrtcGetSupportedArchs(n.info.archs.data());
+  std::sort(n.info.archs.begin(), n.info.archs.end());
+  return n;
+}
+
+const LoadedNvrtc& loaded() {
+  static const LoadedNvrtc n = load_nvrtc();
+  return n;
+}
+
+// Destroys the program on every exit path.
+struct ProgramGuard {
+  const NvrtcApi& api;
+  nvrtcProgram prog = nullptr;
+  ~ProgramGuard() {
+    if (prog != nullptr) api.nvrtcDestroyProgram(&prog);
+  }
+};
+
+std::string program_log(const NvrtcApi& api, nvrtcProgram prog) {
+  size_t n = 0;
+  if (api.nvrtcGetProgramLogSize(prog, &n) != 0 || n <= 1) return "";
+  std::string log(n, '\0');
+  api.nvrtcGetProgramLog(prog, log.data());
+  log.resize(n - 1);
+  return log;
+}
+
+}  // namespace
+
+void set_nvrtc_search_dirs(std::vector<std::string> dirs) {
+  std::lock_guard<std::mutex> lock(g_dirs_mutex);
+  g_search_dirs = std::move(dirs);
+}
+
+const NvrtcInfo& nvrtc_info() { return loaded().info; }
+
+std::vector<std::string> compile_options(int arch, std::string* target, bool* is_cubin) {
+  const NvrtcInfo& info = nvrtc_info();
+  TORCH_CHECK(arch >= 80, "rtcnorm: sm_", arch, " is not supported; rtcnorm kernels need sm_80 or newer");
+  TORCH_CHECK(!info.archs.empty(), "rtcnorm: NVRTC at ", info.path, " reports no supported architectures");
+  const bool known = std::find(info.archs.begin(), info.archs.end(), arch) != info.archs.end();
+  int ptx_arch = 0;
+  if (!known) {
+    // Newer than this NVRTC: emit PTX for the newest arch it knows that is
+    // older than the device; the driver JIT-compiles it at load.
+    for (int a : info.archs)
+      if (a < arch) ptx_arch = a;
+    TORCH_CHECK(ptx_arch != 0, "rtcnorm: NVRTC ", info.major, ".", info.minor, " cannot target sm_", arch);
+  }
+  *is_cubin = known;
+  *target = known ? "sm_" + std::to_string(arch) : "compute_" + std::to_string(ptx_arch);
+  std::vector<std::string> opts = {"--gpu-architecture=" + *target, "-std=c++17", "--restrict"};
+  if (const char* li = std::getenv("RTCNORM_JIT_LINEINFO"); li != nullptr && std::string(li) == "1")
+    opts.emplace_back("-lineinfo");
+  return opts;
+}
+
+CompiledKernel compile_kernel(const KernelKey& key) {
+  const LoadedNvrtc& n = loaded();
+  const NvrtcApi& api = n.api;
+  CompiledKernel out;
+  const std::vector<std::string> opts = compile_options(key.arch, &out.target, &out.is_cubin);
+  const std::string expr = key.name_expression();
+  const std::string source = std::string("#include \"") + key.family->header + "\"\n";
+
+  std::vector<const char*> names, texts;
+  for (int i = 0; i < kNumEmbeddedSources; ++i) {
+    names.push_back(kEmbeddedSources[i].name);
+    texts.push_back(kEmbeddedSources[i].text);
+  }
+  ProgramGuard guard{api};
+  auto fail = [&](const char* step, nvrtcResult r, const std::string& log) {
+    std::ostringstream os;
+    os << "rtcnorm: NVRTC " << step << " failed (" << api.nvrtcGetErrorString(r) << ") for kernel "
+       << key.describe() << "\n  instantiation: " << expr << "\n  target: " << out.target << "\n  NVRTC "
+       << n.info.major << "." << n.info.minor << " at " << n.info.path << ", CUDA driver "
+       << driver_version_string() << "\n  log:\n"
+       << log;
+    TORCH_CHECK(false, os.str());
+  };
+  nvrtcResult r = api.nvrtcCreateProgram(&guard.prog, source.c_str(), "rtcnorm_entry.cu", kNumEmbeddedSources,
+                                         texts.data(), names.data());
+  if (r != 0) fail("program creation", r, "");
+  r = api.nvrtcAddNameExpression(guard.prog, expr.c_str());
+  if (r != 0) fail("name expression", r, "");
+  std::vector<const char*> copts;
+  for (const auto& o : opts) copts.push_back(o.c_str());
+  r = api.nvrtcCompileProgram(guard.prog, static_cast<int>(copts.size()), copts.data());
+  if (r != 0) fail("compilation", r, program_log(api, guard.prog));
+
+  const char* lowered = nullptr;
+  r = api.nvrtcGetLoweredName(guard.prog, expr.c_str(), &lowered);
+  if (r != 0 || lowered == nullptr) fail("lowered-name lookup", r, "");
+  out.lowered_name = lowered;
+  size_t size = 0;
+  if (out.is_cubin) {
+    r = api.nvrtcGetCUBINSize(guard.prog, &size);
+    if (r == 0) {
+      out.image.resize(size);
+      r = api.nvrtcGetCUBIN(guard.prog, out.image.data());
+    }
+  } else {
+    r = api.nvrtcGetPTXSize(guard.prog, &size);
+    if (r == 0) {
+      out.image.resize(size);
+      r = api.nvrtcGetPTX(guard.prog, out.image.data());
+    }
+  }
+  if (r != 0 || out.image.empty()) fail("output retrieval", r, "");
+  return out;
+}
+
+}  // namespace rtcnorm::jit

@@ -1,0 +1,243 @@
+// Backward pass shared by RMSNorm and LayerNorm: a persistent grid-stride
+// kernel. Thread layout as in norm_fwd.cuh.
+//
+// Per row, with xhat = (x - mean) * rstd (mean = 0 for RMSNorm) and
+// g = gamma (or 1 + gamma, or 1):
+//   dx = rstd * (dy*g - mean(dy*g) - xhat * mean(dy*g * xhat)) [+ dh]
+// where the mean(dy*g) term exists for LayerNorm only, and dh is the incoming
+// gradient of the fused residual sum.
+//
+// dW / dB: each CTA sums dy*xhat (and dy) over the rows it visits, in fp32,
+// and writes exactly one row of a (gridDim.x x N) partial buffer. A second
+// kernel (column_reduce.cuh) sums those rows in a fixed order. No atomics, no
+// M x N temporary, and bitwise the same result on every run for a given
+// (M, N, grid).
+//
+// Invariants (guaranteed by ops/norm_plan.cpp):
+// - gridDim.x <= row_blocks, so every CTA owns at least one row and writes its
+//   whole partial row.
+// - kCachedRow: x and dy of the row stay in registers and the dW accumulators
+//   are registers too. Otherwise ROWS == 1, the row is streamed twice, and the
+//   CTA accumulates in its own partial row in global memory (plain loads:
+//   this kernel wrote it).
+// - Dynamic shared memory holds bundles * N floats when a CTA combines more
+//   than one bundle (see kBundles); the host sizes it with the same formula.
+#pragma once
+
+#include "common/norm_fwd.cuh"
+
+namespace rtcnorm {
+
+template <int TPR, int ROWS>
+struct BwdLayout {
+  // A bundle is a set of row groups whose column sums are combined through
+  // shared memory: whole warps for TPR < 32 (the groups inside a warp are
+  // combined with shuffles first), whole groups otherwise.
+  static constexpr int kBundles = TPR < 32 ? (TPR * ROWS) / 32 : ROWS;
+};
+
+template <typename W, int VEC, unsigned FLAGS>
+__device__ __forceinline__ void load_gamma(const void* weight, int vec_index, float (&g)[VEC]) {
+  if constexpr ((FLAGS & kHasWeight) != 0) {
+    const Pack<W, VEC> w = load_cached<W, VEC>(static_cast<const W*>(weight), 1LL * vec_index * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) g[j] = 1.f;
+  }
+}
+
+// Sums register accumulators over the CTA's row groups and writes the CTA's
+// partial row. All threads of the CTA must call it.
+template <int N, int VEC, int TPR, int ROWS, int NV>
+__device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* partial_row, float* smem) {
+  constexpr int kVecs = N / VEC;
+  constexpr int kBundles = BwdLayout<TPR, ROWS>::kBundles;
+  const int lane = threadIdx.x % TPR;
+  if constexpr (TPR < 32) {
+#pragma unroll
+    for (int m = TPR; m < 32; m <<= 1)
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], m);
+  }
+  const bool representative = TPR < 32 ? (threadIdx.x & 31) < TPR : true;
+  const int bundle = TPR < 32 ? threadIdx.x / 32 : threadIdx.x / TPR;
+  float* dst = kBundles == 1 ? partial_row : smem + bundle * N;
+  if (representative) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (v >= kVecs) continue;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) dst[v * VEC + j] = acc[i][j];
+    }
+  }
+  if constexpr (kBundles > 1) {
+    __syncthreads();
+    for (int col = threadIdx.x; col < N; col += blockDim.x) {
+      float s = smem[col];
+#pragma unroll 4
+      for (int b = 1; b < kBundles; ++b) s += smem[b * N + col];
+      partial_row[col] = s;
+    }
+    __syncthreads();
+  }
+}
+
+template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
+  using PT = Pack<T, VEC>;
+  constexpr int kVecs = N / VEC;
+  constexpr int kChunk = TPR * NV;
+  constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
+  constexpr bool kCached = (FLAGS & kCachedRow) != 0;
+  constexpr bool kDw = (FLAGS & kWantDw) != 0;
+  constexpr bool kDb = (FLAGS & kWantDb) != 0;
+  constexpr bool kDh = (FLAGS & kGradDh) != 0;
+  constexpr bool kEven = kVecs % kChunk == 0;
+  constexpr float kInvN = 1.f / static_cast<float>(N);
+  static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
+  static_assert(kCached || ROWS == 1, "streamed rows accumulate in global memory: one row per CTA");
+
+  extern __shared__ float smem[];
+  __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
+  const int lane = threadIdx.x % TPR;
+  const int group = threadIdx.x / TPR;
+  const T* x = static_cast<const T*>(p.x);
+  const T* dy = static_cast<const T*>(p.dy);
+  const T* dh = static_cast<const T*>(p.dh);
+  T* dx = static_cast<T*>(p.dx);
+  float* pw = p.partial_w + 1LL * blockIdx.x * N;
+  float* pb = p.partial_b + 1LL * blockIdx.x * N;
+
+  float dw_acc[kCached && kDw ? NV : 1][VEC];
+  float db_acc[kCached && kDb ? NV : 1][VEC];
+#pragma unroll
+  for (int i = 0; i < (kCached && kDw ? NV : 1); ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw_acc[i][j] = 0.f;
+#pragma unroll
+  for (int i = 0; i < (kCached && kDb ? NV : 1); ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) db_acc[i][j] = 0.f;
+
+  for (long long rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+    const long long row = rb * ROWS + group;
+    const bool row_ok = row < p.rows;
+    const long long xoff = row_ok ? row_offset(p.x_map, row) : 0;
+    const long long goff = row * N;
+    const float rstd = row_ok ? p.rstd[row] : 0.f;
+    const float mean = (KIND == kLayerNorm && row_ok) ? p.mean[row] : 0.f;
+    const bool first_row = rb == blockIdx.x;
+
+    PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];
+    Sum2 s = {0.f, 0.f};
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+      PT xv[NV], dv[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (!row_ok || !(kEven || v < kVecs)) continue;
+        xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+        dv[i] = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
+      }
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (!row_ok || !(kEven || v < kVecs)) continue;
+        float g[VEC];
+        load_gamma<W, VEC, FLAGS>(p.weight, v, g);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (to_float(xv[i].e[j]) - mean) * rstd;
+          const float wdy = to_float(dv[i].e[j]) * g[j];
+          s.a = fmaf(wdy, xhat, s.a);
+          s.b += wdy;
+        }
+        if constexpr (kCached) {
+          xc[i] = xv[i];
+          dyc[i] = dv[i];
+        }
+      }
+    }
+
+    s = group_allreduce<TPR, ROWS>(s, scratch);
+    const float c1 = s.a * kInvN;
+    const float c2 = KIND == kLayerNorm ? s.b * kInvN : 0.f;
+
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (!row_ok || !(kEven || v < kVecs)) continue;
+        PT xv, dv;
+        if constexpr (kCached) {
+          xv = xc[i];
+          dv = dyc[i];
+        } else {
+          xv = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+          dv = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
+        }
+        float g[VEC];
+        load_gamma<W, VEC, FLAGS>(p.weight, v, g);
+        float dhv[VEC];
+        if constexpr (kDh) {
+          to_floats<T, VEC>(load_nc<T, VEC>(dh, goff + 1LL * v * VEC), dhv);
+        }
+        float out[VEC], xhat[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          xhat[j] = (to_float(xv.e[j]) - mean) * rstd;
+          const float wdy = to_float(dv.e[j]) * g[j];
+          out[j] = rstd * (wdy - c2 - xhat[j] * c1);
+          if constexpr (kDh) out[j] += dhv[j];
+        }
+        store<T, VEC>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
+        if constexpr (kCached) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            if constexpr (kDw) dw_acc[i][j] = fmaf(to_float(dv.e[j]), xhat[j], dw_acc[i][j]);
+            if constexpr (kDb) db_acc[i][j] += to_float(dv.e[j]);
+          }
+        } else {
+          const long long col = 1LL * v * VEC;
+          if constexpr (kDw) {
+            Pack<float, VEC> a;
+            if (first_row) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) a.e[j] = 0.f;
+            } else {
+              a = load_coherent<float, VEC>(pw, col);
+            }
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a.e[j] = fmaf(to_float(dv.e[j]), xhat[j], a.e[j]);
+            store<float, VEC>(pw, col, a);
+          }
+          if constexpr (kDb) {
+            Pack<float, VEC> a;
+            if (first_row) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) a.e[j] = 0.f;
+            } else {
+              a = load_coherent<float, VEC>(pb, col);
+            }
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a.e[j] += to_float(dv.e[j]);
+            store<float, VEC>(pb, col, a);
+          }
+        }
+      }
+    }
+  }
+
+  if constexpr (kCached && kDw) write_partial_row<N, VEC, TPR, ROWS, NV>(dw_acc, pw, smem);
+  if constexpr (kCached && kDb) write_partial_row<N, VEC, TPR, ROWS, NV>(db_acc, pb, smem);
+}
+
+}  // namespace rtcnorm

@@ -1,0 +1,227 @@
+// Forward pass shared by RMSNorm and LayerNorm.
+//
+// Thread layout: a CTA of TPR * ROWS threads holds ROWS row groups; group g
+// owns row rb * ROWS + g of row block rb. Thread `lane` of a group owns the
+// VEC-wide vectors lane, lane + TPR, ... of its row, NV of them per chunk.
+//
+// Invariants (the host's planner guarantees them; see ops/norm_plan.cpp):
+// - N % VEC == 0, and every base pointer and row stride is VEC-aligned.
+// - kCachedRow implies the row is one chunk (N / VEC <= TPR * NV): the row is
+//   read from memory once and kept in registers as raw T.
+// - Without kCachedRow the row is streamed in chunks twice: once for the
+//   statistics, once to normalize (the second read mostly hits L2).
+// - The loop over row blocks is uniform across the CTA (rows past the end
+//   still take part in the barriers), so a persistent grid (gridDim.x smaller
+//   than row_blocks) and a one-block-per-row-block grid share this code.
+// - Statistics accumulate in fp32. LayerNorm uses per-chunk two-pass moments
+//   merged with Chan's formula, never E[x^2] - E[x]^2.
+#pragma once
+
+#include "common/params.cuh"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+
+namespace rtcnorm {
+
+__device__ __forceinline__ long long row_offset(const RowMap& m, long long r) {
+  if (r < m.inner_rows) return r * m.inner_stride;
+  return (r / m.inner_rows) * m.outer_stride + (r % m.inner_rows) * m.inner_stride;
+}
+
+template <int KIND>
+struct NormStats;
+
+template <>
+struct NormStats<kRmsNorm> {
+  using Acc = Sum1;
+  __device__ static Acc empty() { return {0.f}; }
+  template <typename T, int VEC, int NV>
+  __device__ static Acc of_chunk(const Pack<T, VEC> (&v)[NV], const bool (&ok)[NV]) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (!ok[i]) continue;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float f = to_float(v[i].e[j]);
+        s = fmaf(f, f, s);
+      }
+    }
+    return {s};
+  }
+  __device__ static void finish(Acc a, int n, float eps, float& mean, float& rstd) {
+    mean = 0.f;
+    rstd = rsqrtf(a.a / static_cast<float>(n) + eps);
+  }
+};
+
+template <>
+struct NormStats<kLayerNorm> {
+  using Acc = MeanM2;
+  __device__ static Acc empty() { return {0.f, 0.f, 0.f}; }
+  template <typename T, int VEC, int NV>
+  __device__ static Acc of_chunk(const Pack<T, VEC> (&v)[NV], const bool (&ok)[NV]) {
+    float s = 0.f;
+    int vecs = 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (!ok[i]) continue;
+      ++vecs;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s += to_float(v[i].e[j]);
+    }
+    if (vecs == 0) return empty();
+    const float n = static_cast<float>(vecs * VEC);
+    const float mean = s / n;
+    float m2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (!ok[i]) continue;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = to_float(v[i].e[j]) - mean;
+        m2 = fmaf(d, d, m2);
+      }
+    }
+    return {n, mean, m2};
+  }
+  __device__ static void finish(Acc a, int n, float eps, float& mean, float& rstd) {
+    mean = a.mean;
+    rstd = rsqrtf(fmaxf(a.m2 / static_cast<float>(n), 0.f) + eps);
+  }
+};
+
+// gamma (with the zero-centred shift applied) and beta for one vector.
+template <typename W, int VEC, unsigned FLAGS>
+__device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_index, float (&g)[VEC],
+                                            float (&b)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    g[j] = 1.f;
+    b[j] = 0.f;
+  }
+  if constexpr ((FLAGS & kHasWeight) != 0) {
+    const Pack<W, VEC> w = load_cached<W, VEC>(static_cast<const W*>(p.weight), 1LL * vec_index * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
+  }
+  if constexpr ((FLAGS & kHasBias) != 0) {
+    const Pack<W, VEC> bb = load_cached<W, VEC>(static_cast<const W*>(p.bias), 1LL * vec_index * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) b[j] = to_float(bb.e[j]);
+  }
+}
+
+template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
+  using Stats = NormStats<KIND>;
+  using Acc = typename Stats::Acc;
+  using PT = Pack<T, VEC>;
+  constexpr int kVecs = N / VEC;
+  constexpr int kChunk = TPR * NV;
+  constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
+  constexpr bool kCached = (FLAGS & kCachedRow) != 0;
+  constexpr bool kKeep = (FLAGS & kKeepGamma) != 0;
+  constexpr bool kRes = (FLAGS & kResidual) != 0;
+  constexpr bool kEven = kVecs % kChunk == 0;
+  static_assert(N % VEC == 0, "N must be a multiple of VEC");
+  static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
+  static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
+
+  __shared__ GroupScratch<TPR, ROWS, Acc> scratch;
+  const int lane = threadIdx.x % TPR;
+  const int group = threadIdx.x / TPR;
+  const T* x = static_cast<const T*>(p.x);
+  const T* res = static_cast<const T*>(p.residual);
+  T* y = static_cast<T*>(p.y);
+  T* h = static_cast<T*>(p.h);
+
+  float kg[kKeep ? NV : 1][VEC];
+  float kb[kKeep ? NV : 1][VEC];
+  if constexpr (kKeep) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (kEven || v < kVecs) load_affine<W, VEC, FLAGS>(p, v, kg[i], kb[i]);
+    }
+  }
+
+  for (long long rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+    const long long row = rb * ROWS + group;
+    const bool row_ok = row < p.rows;
+    const long long xoff = row_ok ? row_offset(p.x_map, row) : 0;
+    const long long roff = (kRes && row_ok) ? row_offset(p.residual_map, row) : 0;
+    const long long yoff = row * N;
+
+    PT cache[kCached ? NV : 1];
+    Acc acc = Stats::empty();
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+      PT xv[NV];
+      bool ok[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        ok[i] = row_ok && (kEven || v < kVecs);
+        if (ok[i]) xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+      }
+      if constexpr (kRes) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          if (!ok[i]) continue;
+          const int v = c * kChunk + i * TPR + lane;
+          const PT rv = load_nc<T, VEC>(res, roff + 1LL * v * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(to_float(xv[i].e[j]) + to_float(rv.e[j]));
+          store<T, VEC>(h, yoff + 1LL * v * VEC, xv[i]);
+        }
+      }
+      acc = merge(acc, Stats::template of_chunk<T, VEC, NV>(xv, ok));
+      if constexpr (kCached) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) cache[i] = xv[i];
+      }
+    }
+
+    acc = group_allreduce<TPR, ROWS>(acc, scratch);
+    float mean, rstd;
+    Stats::finish(acc, N, p.eps, mean, rstd);
+    if (row_ok && lane == 0) {
+      p.rstd[row] = rstd;
+      if (KIND == kLayerNorm && p.mean != nullptr) p.mean[row] = mean;
+    }
+
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (!row_ok || !(kEven || v < kVecs)) continue;
+        PT xv;
+        if constexpr (kCached)
+          xv = cache[i];
+        else if constexpr (kRes)
+          xv = load_coherent<T, VEC>(h, yoff + 1LL * v * VEC);
+        else
+          xv = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+        float g[VEC], b[VEC];
+        if constexpr (kKeep) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            g[j] = kg[i][j];
+            b[j] = kb[i][j];
+          }
+        } else {
+          load_affine<W, VEC, FLAGS>(p, v, g, b);
+        }
+        float out[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = fmaf((to_float(xv.e[j]) - mean) * rstd, g[j], b[j]);
+        store<T, VEC>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
+      }
+    }
+  }
+}
+
+}  // namespace rtcnorm

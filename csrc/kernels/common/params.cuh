@@ -1,0 +1,77 @@
+// Kernel parameter blocks, shared verbatim by the host and NVRTC.
+//
+// Invariants:
+// - Plain structs of fixed-width members only (pointers, long long, int,
+//   float), so the host and device layouts agree; the host static_asserts the
+//   sizes. Each kernel takes its block by value as its only parameter.
+// - Nothing here is device code, so the host C++ build includes this file too.
+#pragma once
+
+namespace rtcnorm {
+
+// Where row r of a logical (rows x N) view starts, in elements:
+//   (r / inner_rows) * outer_stride + (r % inner_rows) * inner_stride.
+// Any tensor whose leading dims collapse into at most two strided groups maps
+// this way without a copy (e.g. q sliced out of a fused qkv projection).
+// inner_rows >= rows means a single stride: r * inner_stride.
+struct RowMap {
+  long long outer_stride;
+  long long inner_stride;
+  long long inner_rows;
+};
+
+// Template flag bits shared by the norm kernels.
+enum NormFlags : unsigned {
+  kHasWeight = 1u << 0,
+  kHasBias = 1u << 1,
+  kZeroCentered = 1u << 2,  // scale is (1 + weight)
+  kResidual = 1u << 3,      // forward: h = x + residual is normalized and written
+  kCachedRow = 1u << 4,     // the row stays in registers between passes
+  kKeepGamma = 1u << 5,     // persistent CTA loads gamma/beta once
+  kGradDh = 1u << 6,        // backward: add an incoming gradient of h to dx
+  kWantDw = 1u << 7,        // backward: write dW partial rows
+  kWantDb = 1u << 8,        // backward: write dB partial rows
+};
+
+enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
+
+struct NormFwdParams {
+  const void* x;
+  RowMap x_map;
+  const void* residual;
+  RowMap residual_map;
+  const void* weight;
+  const void* bias;
+  void* y;            // contiguous rows x N
+  void* h;            // contiguous rows x N, written when kResidual
+  float* mean;        // rows, LayerNorm only (may be null)
+  float* rstd;        // rows
+  long long rows;
+  long long row_blocks;  // ceil(rows / ROWS)
+  float eps;
+  int pad_;
+};
+
+struct NormBwdParams {
+  const void* dy;  // contiguous rows x N
+  const void* dh;  // contiguous rows x N, read when kGradDh
+  const void* x;   // the normalized input (h when the forward fused a residual)
+  RowMap x_map;
+  const void* weight;
+  const float* mean;  // LayerNorm only
+  const float* rstd;
+  void* dx;            // contiguous rows x N
+  float* partial_w;    // gridDim.x x N, when kWantDw
+  float* partial_b;    // gridDim.x x N, when kWantDb
+  long long rows;
+  long long row_blocks;
+};
+
+struct ColumnReduceParams {
+  const float* partial;  // parts x cols, row-major
+  void* out;             // cols
+  int parts;
+  int cols;
+};
+
+}  // namespace rtcnorm

@@ -1,0 +1,87 @@
+// Reductions over a "row group": TPR consecutive threads of a CTA that share
+// one row. A CTA holds ROWS row groups (TPR * ROWS <= 1024 threads).
+//
+// Invariants:
+// - TPR is a power of two. For TPR <= 32 a group lives inside one warp and is
+//   reduced with xor shuffles that never cross the group boundary; for TPR > 32
+//   the group spans TPR / 32 whole warps, combined through shared memory.
+// - Every merge is done in a fixed order with the lower-lane (or lower-warp)
+//   operand first, so every thread of a group ends with bitwise the same value
+//   and the result does not depend on scheduling.
+// - group_allreduce contains __syncthreads when TPR > 32: every thread of the
+//   CTA must call it the same number of times (rows past the end included).
+#pragma once
+
+namespace rtcnorm {
+
+struct Sum1 {
+  float a;
+};
+struct Sum2 {
+  float a, b;
+};
+// Count, mean and sum of squared deviations: merged with Chan's pairwise
+// formula, which stays accurate when |mean| >> stddev (E[x^2] - E[x]^2 does not).
+struct MeanM2 {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ Sum1 merge(Sum1 lo, Sum1 hi) { return {lo.a + hi.a}; }
+__device__ __forceinline__ Sum2 merge(Sum2 lo, Sum2 hi) { return {lo.a + hi.a, lo.b + hi.b}; }
+__device__ __forceinline__ MeanM2 merge(MeanM2 lo, MeanM2 hi) {
+  const float n = lo.n + hi.n;
+  if (hi.n == 0.f) return lo;
+  if (lo.n == 0.f) return hi;
+  const float delta = hi.mean - lo.mean;
+  const float w_hi = hi.n / n;
+  return {n, lo.mean + delta * w_hi, lo.m2 + hi.m2 + delta * delta * lo.n * w_hi};
+}
+
+__device__ __forceinline__ Sum1 shfl_xor(Sum1 v, int m) {
+  return {__shfl_xor_sync(0xffffffffu, v.a, m)};
+}
+__device__ __forceinline__ Sum2 shfl_xor(Sum2 v, int m) {
+  return {__shfl_xor_sync(0xffffffffu, v.a, m), __shfl_xor_sync(0xffffffffu, v.b, m)};
+}
+__device__ __forceinline__ MeanM2 shfl_xor(MeanM2 v, int m) {
+  return {__shfl_xor_sync(0xffffffffu, v.n, m), __shfl_xor_sync(0xffffffffu, v.mean, m),
+          __shfl_xor_sync(0xffffffffu, v.m2, m)};
+}
+
+// Butterfly over the WIDTH lanes of each aligned lane block (WIDTH <= 32).
+template <int WIDTH, typename Acc>
+__device__ __forceinline__ Acc lanes_allreduce(Acc v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = WIDTH / 2; m > 0; m >>= 1) {
+    const Acc other = shfl_xor(v, m);
+    v = (lane & m) ? merge(other, v) : merge(v, other);
+  }
+  return v;
+}
+
+// Shared scratch needed by group_allreduce<TPR, ROWS, Acc>.
+template <int TPR, int ROWS, typename Acc>
+struct GroupScratch {
+  Acc slot[ROWS * (TPR > 32 ? TPR / 32 : 1)];
+};
+
+template <int TPR, int ROWS, typename Acc>
+__device__ __forceinline__ Acc group_allreduce(Acc v, GroupScratch<TPR, ROWS, Acc>& scratch) {
+  v = lanes_allreduce<(TPR < 32 ? TPR : 32)>(v);
+  if constexpr (TPR > 32) {
+    constexpr int kWarpsPerRow = TPR / 32;
+    const int group = threadIdx.x / TPR;
+    const int warp_in_group = (threadIdx.x % TPR) / 32;
+    if ((threadIdx.x & 31) == 0) scratch.slot[group * kWarpsPerRow + warp_in_group] = v;
+    __syncthreads();
+    Acc r = scratch.slot[group * kWarpsPerRow];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerRow; ++w) r = merge(r, scratch.slot[group * kWarpsPerRow + w]);
+    __syncthreads();
+    v = r;
+  }
+  return v;
+}
+
+}  // namespace rtcnorm

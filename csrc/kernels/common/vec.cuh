@@ -1,0 +1,139 @@
+// Vectorised global-memory access.
+//
+// A Pack<T, VEC> is VEC consecutive elements moved as one access of
+// sizeof(T) * VEC bytes (2, 4, 8 or 16). The host picks VEC so that every
+// pointer and row stride is a multiple of that size; a misaligned address here
+// is a host bug, not something the kernel recovers from.
+//
+// Loads come in two flavours:
+// - load_nc: the read-only (non-coherent) path, for inputs nothing in the same
+//   kernel writes. `L1::no_allocate` keeps streamed rows from evicting reused
+//   data such as gamma.
+// - load_coherent: an ordinary load, for data this kernel wrote earlier (the
+//   residual sum h, the dW partial row). The .nc path may return stale data
+//   for such addresses.
+#pragma once
+
+#include "common/types.cuh"
+
+namespace rtcnorm {
+
+template <typename T, int VEC>
+struct __align__(sizeof(T) * VEC < 16 ? sizeof(T) * VEC : 16) Pack {
+  T e[VEC];
+};
+
+template <int BYTES>
+struct RawOf;
+template <>
+struct RawOf<16> {
+  using type = uint4;
+};
+template <>
+struct RawOf<8> {
+  using type = uint2;
+};
+template <>
+struct RawOf<4> {
+  using type = unsigned;
+};
+template <>
+struct RawOf<2> {
+  using type = unsigned short;
+};
+
+// A Pack moves as kCount accesses of kUnit bytes: one access up to 16 bytes,
+// several 16-byte accesses beyond (an fp32 gamma beside 8-wide bf16 rows).
+template <typename P>
+struct Access {
+  static constexpr int kUnit = sizeof(P) < 16 ? static_cast<int>(sizeof(P)) : 16;
+  static constexpr int kCount = static_cast<int>(sizeof(P)) / kUnit;
+  using Raw = typename RawOf<kUnit>::type;
+  union View {
+    Raw raw[kCount];
+    P pack;
+  };
+};
+
+__device__ __forceinline__ uint4 ld_nc_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint2 ld_nc_stream(const uint2* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(r.x), "=r"(r.y)
+               : "l"(p));
+  return r;
+}
+__device__ __forceinline__ unsigned ld_nc_stream(const unsigned* p) {
+  unsigned r;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ unsigned short ld_nc_stream(const unsigned short* p) {
+  unsigned short r;
+  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+  return r;
+}
+
+// Streamed input: read once, not kept in L1.
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_nc(const T* base, long long elem_offset) {
+  using A = Access<Pack<T, VEC>>;
+  typename A::View u;
+  const auto* src = reinterpret_cast<const typename A::Raw*>(base + elem_offset);
+#pragma unroll
+  for (int k = 0; k < A::kCount; ++k) u.raw[k] = ld_nc_stream(src + k);
+  return u.pack;
+}
+
+// Reused read-only input (gamma, beta): the ordinary read-only cache path.
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_cached(const T* base, long long elem_offset) {
+  using A = Access<Pack<T, VEC>>;
+  typename A::View u;
+  const auto* src = reinterpret_cast<const typename A::Raw*>(base + elem_offset);
+#pragma unroll
+  for (int k = 0; k < A::kCount; ++k) u.raw[k] = __ldg(src + k);
+  return u.pack;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_coherent(const T* base, long long elem_offset) {
+  using A = Access<Pack<T, VEC>>;
+  typename A::View u;
+  const auto* src = reinterpret_cast<const typename A::Raw*>(base + elem_offset);
+#pragma unroll
+  for (int k = 0; k < A::kCount; ++k) u.raw[k] = src[k];
+  return u.pack;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store(T* base, long long elem_offset, const Pack<T, VEC>& p) {
+  using A = Access<Pack<T, VEC>>;
+  typename A::View u;
+  u.pack = p;
+  auto* dst = reinterpret_cast<typename A::Raw*>(base + elem_offset);
+#pragma unroll
+  for (int k = 0; k < A::kCount; ++k) dst[k] = u.raw[k];
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void to_floats(const Pack<T, VEC>& p, float (&f)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) f[i] = to_float(p.e[i]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> from_floats(const float (&f)[VEC]) {
+  Pack<T, VEC> p;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) p.e[i] = from_float<T>(f[i]);
+  return p;
+}
+
+}  // namespace rtcnorm

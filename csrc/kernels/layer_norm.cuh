@@ -1,0 +1,21 @@
+// LayerNorm kernels: y = (x - mean) * rsqrt(var + eps) * g + beta, with the
+// biased variance, g = gamma, 1 + gamma (zero-centred) or 1. The bodies are
+// shared with RMSNorm (common/norm_fwd.cuh, common/norm_bwd.cuh); LayerNorm is
+// the kLayerNorm statistics policy: Chan-merged mean and M2.
+#pragma once
+
+#include "common/norm_bwd.cuh"
+
+namespace rtcnorm {
+
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__global__ void __launch_bounds__(TPR* ROWS) layer_norm_fwd(const NormFwdParams p) {
+  norm_fwd<kLayerNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+}
+
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__global__ void __launch_bounds__(TPR* ROWS) layer_norm_bwd(const NormBwdParams p) {
+  norm_bwd<kLayerNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+}
+
+}  // namespace rtcnorm

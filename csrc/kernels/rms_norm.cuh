@@ -1,0 +1,21 @@
+// RMSNorm kernels: y = x * rsqrt(mean(x^2) + eps) * g, with g = gamma,
+// 1 + gamma (zero-centred) or 1 (no weight). The bodies are shared with
+// LayerNorm (common/norm_fwd.cuh, common/norm_bwd.cuh); RMSNorm is the
+// kRmsNorm statistics policy: mean fixed at 0, sum of squares only.
+#pragma once
+
+#include "common/norm_bwd.cuh"
+
+namespace rtcnorm {
+
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__global__ void __launch_bounds__(TPR* ROWS) rms_norm_fwd(const NormFwdParams p) {
+  norm_fwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+}
+
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__global__ void __launch_bounds__(TPR* ROWS) rms_norm_bwd(const NormBwdParams p) {
+  norm_bwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+}
+
+}  // namespace rtcnorm

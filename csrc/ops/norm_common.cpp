@@ -1,0 +1,326 @@
+#include "ops/norm_common.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "jit/kernel_cache.h"
+
+namespace rtcnorm {
+namespace {
+
+bool is_kernel_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+jit::DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return jit::DType::kFloat16;
+    case at::kBFloat16:
+      return jit::DType::kBFloat16;
+    default:
+      return jit::DType::kFloat32;
+  }
+}
+
+void check_param(const char* op, const char* name, const at::Tensor& p, const at::Tensor& input,
+                 at::IntArrayRef normalized_shape) {
+  TORCH_CHECK_VALUE(p.sizes() == normalized_shape, "rtcnorm.", op, ": ", name, " must have shape ",
+                    normalized_shape, " (normalized_shape), got ", p.sizes());
+  TORCH_CHECK(p.device() == input.device(), "rtcnorm.", op, ": ", name, " is on ", p.device(), " but input is on ",
+              input.device());
+  TORCH_CHECK_TYPE(p.scalar_type() == input.scalar_type() || p.scalar_type() == at::kFloat, "rtcnorm.", op, ": ",
+                   name, " must have input's dtype (", input.scalar_type(), ") or float32, got ",
+                   p.scalar_type());
+}
+
+// Widest access (elements) a base pointer allows for elements of esize bytes.
+int vec_for_ptr(const void* p, int esize, int vmax) {
+  int v = vmax;
+  while (v > 1 && reinterpret_cast<uintptr_t>(p) % std::min(16, v * esize) != 0) v /= 2;
+  return v;
+}
+int vec_for_stride(int64_t stride, int vmax) {
+  int v = vmax;
+  while (v > 1 && stride % v != 0) v /= 2;
+  return v;
+}
+
+// Describes rows of `t` (trailing `nd` dims normalized) without a copy when
+// its trailing block is contiguous and its leading dims collapse into at
+// most two strided groups. Returns false otherwise.
+bool row_map_of(const at::Tensor& t, int64_t lead, RowMap* m) {
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  int64_t expect = 1;
+  for (int64_t d = t.dim() - 1; d >= lead; --d) {
+    if (sizes[d] != 1 && strides[d] != expect) return false;
+    expect *= sizes[d];
+  }
+  // Groups of leading dims, innermost first: {rows in group, stride of its innermost dim}.
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  for (int64_t d = lead - 1; d >= 0; --d) {
+    if (sizes[d] == 1) continue;
+    if (!groups.empty() && strides[d] == groups.back().second * groups.back().first) {
+      groups.back().first *= sizes[d];
+      continue;
+    }
+    groups.push_back({sizes[d], strides[d]});
+  }
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  if (groups.empty()) {
+    *m = {0, 0, big};
+  } else if (groups.size() == 1) {
+    *m = {0, groups[0].second, big};
+  } else if (groups.size() == 2) {
+    *m = {groups[1].second, groups[0].second, groups[0].first};
+  } else {
+    return false;
+  }
+  return true;
+}
+
+int check_device_arch(const at::Tensor& input, const char* op) {
+  const int dev = input.get_device();
+  const auto& info = jit::device_info(dev);
+  TORCH_CHECK(info.arch >= 80, "rtcnorm.", op, ": needs a GPU of compute capability 8.0 or newer; cuda:", dev,
+              " is sm_", info.arch);
+  return dev;
+}
+
+}  // namespace
+
+NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
+                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "rtcnorm.", op,
+                   ": input must be a floating-point tensor (float32, float16 or bfloat16), got ",
+                   input.scalar_type());
+  if (input.is_cuda())
+    TORCH_CHECK_TYPE(is_kernel_dtype(input.scalar_type()), "rtcnorm.", op,
+                     ": CUDA input must be float32, float16 or bfloat16, got ", input.scalar_type());
+  const int64_t nd = static_cast<int64_t>(normalized_shape.size());
+  TORCH_CHECK_VALUE(nd >= 1, "rtcnorm.", op, ": normalized_shape must name at least one dim");
+  TORCH_CHECK_VALUE(input.dim() >= nd && input.sizes().slice(input.dim() - nd) == normalized_shape, "rtcnorm.", op,
+                    ": normalized_shape ", normalized_shape, " must match the trailing dims of input, got input of ",
+                    "shape ", input.sizes());
+  NormDims d;
+  d.lead = input.dim() - nd;
+  d.hidden = 1;
+  for (int64_t s : normalized_shape) d.hidden *= s;
+  d.rows = 1;
+  for (int64_t i = 0; i < d.lead; ++i) d.rows *= input.size(i);
+  TORCH_CHECK_VALUE(d.hidden >= 1, "rtcnorm.", op, ": normalized_shape must not contain a zero, got ",
+                    normalized_shape);
+  TORCH_CHECK_VALUE(d.hidden <= (int64_t(1) << 24), "rtcnorm.", op,
+                    ": rows of more than 16777216 elements are not supported, got ", d.hidden);
+  if (weight.has_value()) check_param(op, "weight", *weight, input, normalized_shape);
+  if (bias.has_value()) check_param(op, "bias", *bias, input, normalized_shape);
+  if (weight.has_value() && bias.has_value())
+    TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), "rtcnorm.", op,
+                     ": weight and bias must share a dtype, got ", weight->scalar_type(), " and ",
+                     bias->scalar_type());
+  if (residual.has_value()) check_like_input(op, "residual", *residual, input);
+  return d;
+}
+
+void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input) {
+  TORCH_CHECK_VALUE(t.sizes() == input.sizes(), "rtcnorm.", op, ": ", name, " must have input's shape ",
+                    input.sizes(), ", got ", t.sizes());
+  TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), "rtcnorm.", op, ": ", name, " must have input's dtype ",
+                   input.scalar_type(), ", got ", t.scalar_type());
+  TORCH_CHECK(t.device() == input.device(), "rtcnorm.", op, ": ", name, " is on ", t.device(),
+              " but input is on ", input.device());
+}
+
+std::vector<int64_t> stat_shape(const at::Tensor& input, int64_t lead) {
+  return std::vector<int64_t>(input.sizes().begin(), input.sizes().begin() + lead);
+}
+
+at::ScalarType stat_dtype(const at::Tensor& input) {
+  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, like.options()); }
+
+NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
+                                 const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                 double eps, NormMode mode, bool zero_centered) {
+  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, residual);
+  TORCH_CHECK_VALUE(eps >= 0 && eps < std::numeric_limits<double>::infinity(), "rtcnorm.", op,
+                    ": eps must be finite and >= 0, got ", eps);
+  c10::DeviceGuard guard(input.device());
+  NormFwdOutputs out;
+  out.y = at::empty(input.sizes(), input.options());
+  out.rstd = at::empty(stat_shape(input, d.lead), input.options().dtype(at::kFloat));
+  if (kind == kLayerNorm) out.mean = at::empty(stat_shape(input, d.lead), input.options().dtype(at::kFloat));
+  if (residual.has_value()) out.h = at::empty(input.sizes(), input.options());
+  if (d.rows == 0) return out;
+
+  at::Tensor x = input;
+  RowMap xmap{};
+  if (!row_map_of(x, d.lead, &xmap)) {
+    x = input.contiguous();
+    row_map_of(x, d.lead, &xmap);
+  }
+  at::Tensor r;
+  RowMap rmap{};
+  if (residual.has_value()) {
+    r = *residual;
+    if (!row_map_of(r, d.lead, &rmap)) {
+      r = residual->contiguous();
+      row_map_of(r, d.lead, &rmap);
+    }
+  }
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+
+  NormProblem p;
+  p.kind = kind;
+  p.dtype = to_dtype(input.scalar_type());
+  p.wdtype = w.defined() ? to_dtype(w.scalar_type()) : (b.defined() ? to_dtype(b.scalar_type()) : p.dtype);
+  p.rows = d.rows;
+  p.hidden = d.hidden;
+  p.has_weight = w.defined();
+  p.has_bias = b.defined();
+  p.zero_centered = zero_centered && w.defined();
+  p.residual = residual.has_value();
+  const int esize = jit::element_size(p.dtype);
+  const int wsize = jit::element_size(p.wdtype);
+  int v = 16 / esize;
+  v = vec_for_ptr(x.data_ptr(), esize, v);
+  v = vec_for_stride(xmap.inner_stride, vec_for_stride(xmap.outer_stride, v));
+  if (r.defined()) {
+    v = vec_for_ptr(r.data_ptr(), esize, v);
+    v = vec_for_stride(rmap.inner_stride, vec_for_stride(rmap.outer_stride, v));
+  }
+  if (w.defined()) v = vec_for_ptr(w.data_ptr(), wsize, v);
+  if (b.defined()) v = vec_for_ptr(b.data_ptr(), wsize, v);
+  p.max_vec = v;
+
+  const int dev = check_device_arch(input, op);
+  const auto& info = jit::device_info(dev);
+  const NormFwdPlan plan = plan_norm_fwd(p, mode, info.sm_count, info.arch);
+  const jit::CUstream stream = jit::current_stream(dev);
+  const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
+  int64_t grid = plan.persistent ? persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm)
+                                 : plan.row_blocks;
+  grid = std::min<int64_t>(grid, std::numeric_limits<int32_t>::max());
+
+  NormFwdParams prm{};
+  prm.x = x.data_ptr();
+  prm.x_map = xmap;
+  prm.residual = r.defined() ? r.data_ptr() : nullptr;
+  prm.residual_map = rmap;
+  prm.weight = w.defined() ? w.data_ptr() : nullptr;
+  prm.bias = b.defined() ? b.data_ptr() : nullptr;
+  prm.y = out.y.data_ptr();
+  prm.h = out.h.defined() ? out.h.data_ptr() : nullptr;
+  prm.mean = out.mean.defined() ? out.mean.data_ptr<float>() : nullptr;
+  prm.rstd = out.rstd.data_ptr<float>();
+  prm.rows = d.rows;
+  prm.row_blocks = plan.row_blocks;
+  prm.eps = static_cast<float>(eps);
+  jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
+  return out;
+}
+
+NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+                                  const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                  at::IntArrayRef normalized_shape, bool zero_centered, bool want_dw, bool want_db,
+                                  const std::optional<at::Tensor>& grad_h) {
+  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, std::nullopt);
+  check_like_input(op, "grad_out", grad_out, input);
+  if (grad_h.has_value()) check_like_input(op, "grad_h", *grad_h, input);
+  TORCH_CHECK_VALUE(rstd.numel() == d.rows && rstd.scalar_type() == at::kFloat, "rtcnorm.", op,
+                    ": rstd must hold one float32 per row (", d.rows, "), got ", rstd.numel(), " of ",
+                    rstd.scalar_type());
+  if (kind == kLayerNorm)
+    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows && mean->scalar_type() == at::kFloat, "rtcnorm.",
+                      op, ": mean must hold one float32 per row (", d.rows, ")");
+  want_dw = want_dw && weight.has_value();
+  want_db = want_db && bias.has_value();
+  c10::DeviceGuard guard(input.device());
+  NormBwdOutputs out;
+  out.dx = at::empty(input.sizes(), input.options());
+  out.dw = want_dw ? at::empty(weight->sizes(), weight->options()) : no_grad_placeholder(input);
+  out.db = want_db ? at::empty(bias->sizes(), bias->options()) : no_grad_placeholder(input);
+  if (d.rows == 0) {
+    if (want_dw) out.dw.zero_();
+    if (want_db) out.db.zero_();
+    return out;
+  }
+  at::Tensor x = input;
+  RowMap xmap{};
+  if (!row_map_of(x, d.lead, &xmap)) {
+    x = input.contiguous();
+    row_map_of(x, d.lead, &xmap);
+  }
+  const at::Tensor dy = grad_out.contiguous();
+  const at::Tensor dh = grad_h.has_value() ? grad_h->contiguous() : at::Tensor();
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const at::Tensor rs = rstd.contiguous();
+  const at::Tensor mu = mean.has_value() ? mean->contiguous() : at::Tensor();
+
+  NormProblem p;
+  p.kind = kind;
+  p.dtype = to_dtype(input.scalar_type());
+  p.wdtype = w.defined() ? to_dtype(w.scalar_type())
+                         : (bias.has_value() ? to_dtype(bias->scalar_type()) : p.dtype);
+  p.rows = d.rows;
+  p.hidden = d.hidden;
+  p.has_weight = w.defined();
+  p.has_bias = bias.has_value();
+  p.zero_centered = zero_centered && w.defined();
+  const int esize = jit::element_size(p.dtype);
+  int v = 16 / esize;
+  v = vec_for_ptr(x.data_ptr(), esize, v);
+  v = vec_for_stride(xmap.inner_stride, vec_for_stride(xmap.outer_stride, v));
+  v = vec_for_ptr(dy.data_ptr(), esize, v);
+  if (dh.defined()) v = vec_for_ptr(dh.data_ptr(), esize, v);
+  if (w.defined()) v = vec_for_ptr(w.data_ptr(), jit::element_size(p.wdtype), v);
+  p.max_vec = v;
+
+  const int dev = check_device_arch(input, op);
+  const auto& info = jit::device_info(dev);
+  const NormBwdPlan plan = plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.arch);
+  const jit::CUstream stream = jit::current_stream(dev);
+  const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
+  const int64_t grid = persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm);
+  at::Tensor pw, pb;
+  if (want_dw) pw = at::empty({grid, d.hidden}, input.options().dtype(at::kFloat));
+  if (want_db) pb = at::empty({grid, d.hidden}, input.options().dtype(at::kFloat));
+
+  NormBwdParams prm{};
+  prm.dy = dy.data_ptr();
+  prm.dh = dh.defined() ? dh.data_ptr() : nullptr;
+  prm.x = x.data_ptr();
+  prm.x_map = xmap;
+  prm.weight = w.defined() ? w.data_ptr() : nullptr;
+  prm.mean = mu.defined() ? mu.data_ptr<float>() : nullptr;
+  prm.rstd = rs.data_ptr<float>();
+  prm.dx = out.dx.data_ptr();
+  prm.partial_w = pw.defined() ? pw.data_ptr<float>() : nullptr;
+  prm.partial_b = pb.defined() ? pb.data_ptr<float>() : nullptr;
+  prm.rows = d.rows;
+  prm.row_blocks = plan.row_blocks;
+  jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
+
+  for (auto [partial, result] : {std::pair<at::Tensor*, at::Tensor*>{&pw, &out.dw}, {&pb, &out.db}}) {
+    if (!partial->defined()) continue;
+    const jit::KernelKey rk = column_reduce_key(to_dtype(result->scalar_type()), info.arch);
+    const jit::LoadedKernel& rkern = jit::get_kernel(rk, dev, stream, 0);
+    ColumnReduceParams rp{partial->data_ptr<float>(), result->data_ptr(), static_cast<int>(grid),
+                          static_cast<int>(d.hidden)};
+    jit::launch(rkern, static_cast<unsigned>((d.hidden + 31) / 32), 1, 32, 16, stream, &rp);
+  }
+  return out;
+}
+
+}  // namespace rtcnorm

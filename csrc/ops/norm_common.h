@@ -1,0 +1,55 @@
+// Argument checking and host launch code shared by RMSNorm and LayerNorm.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "ops/norm_plan.h"
+
+namespace rtcnorm {
+
+struct NormDims {
+  int64_t rows = 0;    // product of the leading dims
+  int64_t hidden = 0;  // product of normalized_shape
+  int64_t lead = 0;    // number of leading dims
+};
+
+// Validates a norm call; every message names the op and the argument.
+NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
+                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& residual);
+
+// Checks a gradient (or other per-element tensor) against input's shape/dtype/device.
+void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input);
+
+// Per-row statistics: leading dims of input; float64 for float64 input (CPU
+// gradcheck), float32 otherwise.
+std::vector<int64_t> stat_shape(const at::Tensor& input, int64_t lead);
+at::ScalarType stat_dtype(const at::Tensor& input);
+
+struct NormFwdOutputs {
+  at::Tensor y, h, mean, rstd;
+};
+
+NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
+                                 const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                 double eps, NormMode mode, bool zero_centered);
+
+struct NormBwdOutputs {
+  at::Tensor dx, dw, db;
+};
+
+NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+                                  const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                  at::IntArrayRef normalized_shape, bool zero_centered, bool want_dw, bool want_db,
+                                  const std::optional<at::Tensor>& grad_h);
+
+// Empty placeholder returned for a gradient that was not requested.
+at::Tensor no_grad_placeholder(const at::Tensor& like);
+
+}  // namespace rtcnorm

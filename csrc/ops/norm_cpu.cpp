@@ -1,0 +1,107 @@
+#include "ops/norm_cpu.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+namespace rtcnorm {
+namespace {
+
+std::vector<int64_t> trailing_dims(const at::Tensor& t, int64_t lead) {
+  std::vector<int64_t> dims;
+  for (int64_t i = lead; i < t.dim(); ++i) dims.push_back(i);
+  return dims;
+}
+
+// Per-row statistic reshaped to broadcast against the input.
+at::Tensor as_column(const at::Tensor& stat, const at::Tensor& input, int64_t lead, at::ScalarType acc) {
+  std::vector<int64_t> shape(input.sizes().begin(), input.sizes().begin() + lead);
+  shape.resize(input.dim(), 1);
+  return stat.to(acc).reshape(shape);
+}
+
+at::Tensor scale_of(const std::optional<at::Tensor>& weight, bool zero_centered, at::ScalarType acc) {
+  if (!weight.has_value()) return at::Tensor();
+  at::Tensor g = weight->to(acc);
+  return zero_centered ? g + 1 : g;
+}
+
+}  // namespace
+
+NormFwdOutputs norm_forward_cpu(NormKind kind, const char* op, const at::Tensor& input,
+                                const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+                                const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                double eps, bool zero_centered) {
+  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, residual);
+  TORCH_CHECK_VALUE(eps >= 0, "rtcnorm.", op, ": eps must be >= 0, got ", eps);
+  const at::ScalarType acc = stat_dtype(input);
+  const auto dims = trailing_dims(input, d.lead);
+  NormFwdOutputs out;
+  at::Tensor h = input;
+  if (residual.has_value()) {
+    h = (input.to(acc) + residual->to(acc)).to(input.scalar_type());
+    out.h = h.contiguous();
+  }
+  const at::Tensor hf = h.to(acc);
+  at::Tensor centered = hf;
+  if (kind == kLayerNorm) {
+    const at::Tensor mu = hf.mean(dims, /*keepdim=*/true);
+    centered = hf - mu;
+    out.mean = mu.reshape(stat_shape(input, d.lead)).to(acc);
+  }
+  const at::Tensor var = centered.pow(2).mean(dims, /*keepdim=*/true);
+  const at::Tensor rstd = (var + eps).rsqrt();
+  at::Tensor y = centered * rstd;
+  const at::Tensor g = scale_of(weight, zero_centered, acc);
+  if (g.defined()) y = y * g;
+  if (bias.has_value()) y = y + bias->to(acc);
+  out.y = y.to(input.scalar_type()).contiguous();
+  out.rstd = rstd.reshape(stat_shape(input, d.lead)).contiguous();
+  return out;
+}
+
+NormBwdOutputs norm_backward_cpu(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+                                 const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                 at::IntArrayRef normalized_shape, bool zero_centered, bool want_dw, bool want_db,
+                                 const std::optional<at::Tensor>& grad_h) {
+  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, std::nullopt);
+  check_like_input(op, "grad_out", grad_out, input);
+  if (grad_h.has_value()) check_like_input(op, "grad_h", *grad_h, input);
+  TORCH_CHECK_VALUE(rstd.numel() == d.rows, "rtcnorm.", op, ": rstd must hold one value per row (", d.rows,
+                    "), got ", rstd.numel());
+  if (kind == kLayerNorm)
+    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows, "rtcnorm.", op,
+                      ": mean must hold one value per row (", d.rows, ")");
+  const at::ScalarType acc = stat_dtype(input);
+  const auto dims = trailing_dims(input, d.lead);
+  const at::Tensor xf = input.to(acc);
+  const at::Tensor dyf = grad_out.to(acc);
+  const at::Tensor rs = as_column(rstd, input, d.lead, acc);
+  const at::Tensor mu = kind == kLayerNorm ? as_column(*mean, input, d.lead, acc) : at::Tensor();
+  const at::Tensor xhat = (kind == kLayerNorm ? xf - mu : xf) * rs;
+  const at::Tensor g = scale_of(weight, zero_centered, acc);
+  const at::Tensor wdy = g.defined() ? dyf * g : dyf;
+  at::Tensor inner = wdy - xhat * (wdy * xhat).mean(dims, /*keepdim=*/true);
+  if (kind == kLayerNorm) inner = inner - wdy.mean(dims, /*keepdim=*/true);
+  at::Tensor dx = rs * inner;
+  if (grad_h.has_value()) dx = dx + grad_h->to(acc);
+  NormBwdOutputs out;
+  out.dx = dx.to(input.scalar_type()).contiguous();
+  if (want_dw && weight.has_value()) {
+    const at::Tensor s = (dyf * xhat).reshape({d.rows, d.hidden}).sum(0);
+    out.dw = s.reshape(weight->sizes()).to(weight->scalar_type());
+  } else {
+    out.dw = no_grad_placeholder(input);
+  }
+  if (want_db && bias.has_value()) {
+    out.db = dyf.reshape({d.rows, d.hidden}).sum(0).reshape(bias->sizes()).to(bias->scalar_type());
+  } else {
+    out.db = no_grad_placeholder(input);
+  }
+  return out;
+}
+
+}  // namespace rtcnorm

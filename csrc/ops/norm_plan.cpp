@@ -1,0 +1,207 @@
+#include "ops/norm_plan.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace rtcnorm {
+namespace {
+
+using jit::DType;
+using jit::KernelFamily;
+using jit::KernelKey;
+
+std::string norm_expression(const char* kernel, const KernelKey& k) {
+  std::ostringstream os;
+  os << "rtcnorm::" << kernel << "<" << jit::kernel_type_name(k.dtype) << ", " << jit::kernel_type_name(k.wdtype)
+     << ", " << k.hidden << ", " << k.vec << ", " << k.threads_per_row << ", " << k.rows_per_cta << ", "
+     << k.vecs_per_thread << ", " << k.flags << "u>";
+  return os.str();
+}
+
+std::string column_reduce_expression(const KernelKey& k) {
+  return std::string("rtcnorm::column_reduce<") + jit::kernel_type_name(k.wdtype) + ">";
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// Register budget per thread for a row kept on chip, in bytes of raw input:
+// 128 bytes is 64 bf16 or 32 fp32 values (plus fp32 temporaries at use).
+constexpr int kFwdCacheBytes = 128;
+// Forward: aim for 4 vectors (64 bytes) in flight per thread per row.
+constexpr int kFwdVecsTarget = 4;
+constexpr int kFwdCtaThreads = 256;
+// Backward: x, dy and fp32 dW (and dB) accumulators share the registers, so
+// a thread caches at most 16 elements of a row.
+constexpr int kBwdCacheElems = 16;
+constexpr int kBwdCtaThreads = 512;
+// Rows at or below this width are "narrow": many rows per CTA, gamma loaded once.
+constexpr int64_t kNarrowRow = 512;
+
+const KernelFamily* fwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormFwd : &kLayerNormFwd; }
+const KernelFamily* bwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwd : &kLayerNormBwd; }
+
+int choose_vec(const NormProblem& p) {
+  int vec = 16 / jit::element_size(p.dtype);
+  while (vec > 1 && (vec > p.max_vec || p.hidden % vec != 0)) vec /= 2;
+  return vec;
+}
+
+KernelKey base_key(const NormProblem& p, const KernelFamily* fam, int arch) {
+  KernelKey k;
+  k.family = fam;
+  k.dtype = p.dtype;
+  k.wdtype = p.has_weight || p.has_bias ? p.wdtype : p.dtype;
+  k.hidden = static_cast<int32_t>(p.hidden);
+  k.arch = static_cast<int16_t>(arch);
+  return k;
+}
+
+}  // namespace
+
+const KernelFamily kRmsNormFwd{"rms_norm_fwd", "rms_norm.cuh",
+                               [](const KernelKey& k) { return norm_expression("rms_norm_fwd", k); }};
+const KernelFamily kRmsNormBwd{"rms_norm_bwd", "rms_norm.cuh",
+                               [](const KernelKey& k) { return norm_expression("rms_norm_bwd", k); }};
+const KernelFamily kLayerNormFwd{"layer_norm_fwd", "layer_norm.cuh",
+                                 [](const KernelKey& k) { return norm_expression("layer_norm_fwd", k); }};
+const KernelFamily kLayerNormBwd{"layer_norm_bwd", "layer_norm.cuh",
+                                 [](const KernelKey& k) { return norm_expression("layer_norm_bwd", k); }};
+const KernelFamily kColumnReduce{"column_reduce", "column_reduce.cuh", column_reduce_expression};
+
+NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op) {
+  if (!mode.has_value()) return NormMode::kAuto;
+  const std::string m(mode->data(), mode->size());
+  if (m == "static_persistent") return NormMode::kStaticPersistent;
+  if (m == "multi_wave_reload") return NormMode::kMultiWaveReload;
+  if (m == "multi_wave_cached") return NormMode::kMultiWaveCached;
+  TORCH_CHECK_VALUE(false, "rtcnorm.", op, ": mode must be None, 'static_persistent', 'multi_wave_reload' or ",
+                    "'multi_wave_cached', got '", m, "'");
+}
+
+const char* mode_name(NormMode m) {
+  switch (m) {
+    case NormMode::kAuto:
+      return "auto";
+    case NormMode::kStaticPersistent:
+      return "static_persistent";
+    case NormMode::kMultiWaveReload:
+      return "multi_wave_reload";
+    case NormMode::kMultiWaveCached:
+      return "multi_wave_cached";
+  }
+  return "?";
+}
+
+int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm) {
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, int64_t(sm_count) * std::max(1, blocks_per_sm)));
+}
+
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch) {
+  NormFwdPlan plan;
+  const int esize = jit::element_size(p.dtype);
+  const int vec = choose_vec(p);
+  const int64_t nvec = p.hidden / vec;
+  const int tpr = std::min(1024, pow2_ceil(ceil_div(nvec, kFwdVecsTarget)));
+  const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
+  const bool fits = int64_t(nv_row) * vec * esize <= kFwdCacheBytes;
+  const int rows = std::max(1, kFwdCtaThreads / tpr);
+  plan.row_blocks = ceil_div(p.rows, rows);
+
+  std::ostringstream why;
+  NormMode mode = requested;
+  if (mode == NormMode::kAuto) {
+    if (!fits) {
+      mode = NormMode::kMultiWaveReload;
+      why << "row of " << p.hidden << " elements exceeds the register cache (" << kFwdCacheBytes
+          << " bytes per thread at 1024 threads), so x is re-read for the normalize pass";
+    } else if (p.hidden <= kNarrowRow) {
+      mode = NormMode::kStaticPersistent;
+      why << "narrow rows (N <= " << kNarrowRow << "): " << rows
+          << " rows per CTA, persistent CTAs keep gamma in registers";
+    } else {
+      mode = NormMode::kMultiWaveCached;
+      why << "row fits in registers (" << nv_row * vec << " elements per thread): read x once";
+    }
+  } else {
+    why << "mode requested";
+    if (mode != NormMode::kMultiWaveReload && !fits)
+      why << "; row of " << p.hidden << " elements does not fit in registers, so it is streamed twice (reload)";
+  }
+  plan.mode = mode;
+  plan.persistent = mode == NormMode::kStaticPersistent;
+  plan.cached = fits && mode != NormMode::kMultiWaveReload;
+  const int nv = plan.cached ? nv_row : std::min(nv_row, kFwdVecsTarget);
+  const int wtensors = int(p.has_weight) + int(p.has_bias);
+  const bool keep = plan.persistent && plan.cached && wtensors > 0 && nv * vec * wtensors <= 32;
+
+  KernelKey k = base_key(p, fwd_family(p.kind), arch);
+  k.vec = static_cast<int16_t>(vec);
+  k.threads_per_row = static_cast<int16_t>(tpr);
+  k.rows_per_cta = static_cast<int16_t>(rows);
+  k.vecs_per_thread = static_cast<int16_t>(nv);
+  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) |
+            (p.zero_centered ? kZeroCentered : 0u) | (p.residual ? kResidual : 0u) |
+            (plan.cached ? kCachedRow : 0u) | (keep ? kKeepGamma : 0u);
+  plan.key = k;
+  why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
+      << (plan.persistent ? "; grid = SMs x occupancy" : "; grid = one CTA per row block")
+      << (keep ? "; gamma kept in registers" : "");
+  (void)sm_count;
+  plan.reason = why.str();
+  return plan;
+}
+
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
+  NormBwdPlan plan;
+  const int vec = choose_vec(p);
+  const int64_t nvec = p.hidden / vec;
+  const int nv_target = std::max(1, kBwdCacheElems / vec);
+  const int tpr = std::min(1024, pow2_ceil(ceil_div(nvec, nv_target)));
+  const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
+  // At 1024 threads a thread has 64 registers: LayerNorm's two accumulator
+  // sets spill there, so LayerNorm caches only up to 512 threads per row.
+  plan.cached = nv_row * vec <= kBwdCacheElems && (tpr <= 512 || p.kind == kRmsNorm);
+  const int rows = plan.cached ? std::max(1, kBwdCtaThreads / tpr) : 1;
+  const int nv = plan.cached ? nv_row : std::min(nv_row, nv_target);
+  plan.row_blocks = ceil_div(p.rows, rows);
+  const int bundles = tpr < 32 ? (tpr * rows) / 32 : rows;
+  const bool accum = want_dw || want_db;
+  plan.smem = (plan.cached && accum && bundles > 1) ? size_t(bundles) * size_t(p.hidden) * sizeof(float) : 0;
+
+  KernelKey k = base_key(p, bwd_family(p.kind), arch);
+  k.vec = static_cast<int16_t>(vec);
+  k.threads_per_row = static_cast<int16_t>(tpr);
+  k.rows_per_cta = static_cast<int16_t>(rows);
+  k.vecs_per_thread = static_cast<int16_t>(nv);
+  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
+            (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
+            (want_db ? kWantDb : 0u);
+  plan.key = k;
+  std::ostringstream why;
+  why << (plan.cached ? "x and dy kept in registers, dW partials in registers"
+                      : "row streamed twice, dW partials accumulated in the CTA's own partial row")
+      << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
+      << "; grid = SMs x occupancy, one fp32 partial row per CTA";
+  plan.reason = why.str();
+  return plan;
+}
+
+KernelKey column_reduce_key(DType out, int arch) {
+  KernelKey k;
+  k.family = &kColumnReduce;
+  k.dtype = DType::kFloat32;
+  k.wdtype = out;
+  k.threads_per_row = 32;
+  k.rows_per_cta = 16;
+  k.arch = static_cast<int16_t>(arch);
+  return k;
+}
+
+}  // namespace rtcnorm

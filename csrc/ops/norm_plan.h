@@ -1,0 +1,64 @@
+// Launch planning for the norm kernels (RMSNorm and LayerNorm alike): which
+// instantiation runs, with which grid, and why. Needs no GPU: the persistent
+// grid's occupancy factor is applied at launch from the loaded kernel.
+#pragma once
+
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "jit/kernel_key.h"
+#include "kernels/common/params.cuh"
+
+namespace rtcnorm {
+
+enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMultiWaveCached };
+
+// Parses the user's mode string; throws naming `op` and listing valid values.
+NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op);
+const char* mode_name(NormMode m);
+
+struct NormProblem {
+  NormKind kind = kRmsNorm;
+  jit::DType dtype = jit::DType::kFloat32;
+  jit::DType wdtype = jit::DType::kFloat32;
+  int64_t rows = 0;    // M
+  int64_t hidden = 0;  // N
+  int max_vec = 1;     // widest access every pointer and stride allows (elements)
+  bool has_weight = false;
+  bool has_bias = false;
+  bool zero_centered = false;
+  bool residual = false;
+};
+
+struct NormFwdPlan {
+  jit::KernelKey key;
+  NormMode mode = NormMode::kAuto;  // resolved, never kAuto
+  bool persistent = false;
+  bool cached = false;
+  int64_t row_blocks = 0;
+  std::string reason;
+};
+
+struct NormBwdPlan {
+  jit::KernelKey key;
+  bool cached = false;
+  int64_t row_blocks = 0;
+  size_t smem = 0;  // dynamic shared memory for the CTA's partial-row combine
+  std::string reason;
+};
+
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch);
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch);
+jit::KernelKey column_reduce_key(jit::DType out, int arch);
+
+// Persistent grid: every SM full at the kernel's occupancy, never more CTAs
+// than row blocks (each CTA must own at least one row block).
+int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
+
+// Kernel families, for callers that enumerate keys (precompile).
+extern const jit::KernelFamily kRmsNormFwd, kRmsNormBwd, kLayerNormFwd, kLayerNormBwd, kColumnReduce;
+
+}  // namespace rtcnorm

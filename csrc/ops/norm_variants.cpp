@@ -1,0 +1,60 @@
+// Every norm kernel a call may launch for (dtype, N, mode, arch): the forward
+// for each weight/bias/zero-centred/residual combination, the backward for
+// each gradient combination, and the dW/dB column reducer. Assumes aligned
+// tensors (the widest vector access), as freshly allocated tensors are.
+#include "ops/norm_plan.h"
+#include "ops/variants.h"
+
+namespace rtcnorm {
+namespace {
+
+using jit::DType;
+using jit::KernelKey;
+
+std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, const std::vector<NormMode>& modes,
+                                 int arch) {
+  std::vector<KernelKey> keys;
+  std::vector<DType> wdtypes = {dtype};
+  if (dtype != DType::kFloat32) wdtypes.push_back(DType::kFloat32);
+  const bool ln = kind == kLayerNorm;
+  for (DType wd : wdtypes) {
+    for (int affine = 0; affine < (ln ? 4 : 2); ++affine) {
+      const bool has_w = affine & 1, has_b = affine & 2;
+      if (!has_w && !has_b && wd != dtype) continue;
+      for (int zc = 0; zc <= int(has_w); ++zc) {
+        NormProblem p;
+        p.kind = kind;
+        p.dtype = dtype;
+        p.wdtype = wd;
+        p.rows = 1 << 16;
+        p.hidden = hidden;
+        p.max_vec = 16;
+        p.has_weight = has_w;
+        p.has_bias = has_b;
+        p.zero_centered = zc;
+        for (int res = 0; res <= int(!ln); ++res) {
+          p.residual = res;
+          for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
+        }
+        p.residual = false;
+        for (int dw = 0; dw <= int(has_w); ++dw)
+          for (int db = 0; db <= int(has_b); ++db)
+            for (int dh = 0; dh <= int(!ln); ++dh) keys.push_back(plan_norm_bwd(p, dw, db, dh, arch).key);
+      }
+    }
+    keys.push_back(column_reduce_key(wd, arch));
+  }
+  return keys;
+}
+
+const bool kRegistered =
+    register_variants("rms_norm",
+                      [](DType d, int64_t n, const std::vector<NormMode>& m, int a) {
+                        return norm_keys(kRmsNorm, d, n, m, a);
+                      }) &&
+    register_variants("layer_norm", [](DType d, int64_t n, const std::vector<NormMode>& m, int a) {
+      return norm_keys(kLayerNorm, d, n, m, a);
+    });
+
+}  // namespace
+}  // namespace rtcnorm

@@ -1,0 +1,94 @@
+// torch.ops.rtcnorm.rms_norm / add_rms_norm / rms_norm_backward: CUDA and CPU
+// implementations. Schemas live in csrc/registration.cpp; autograd and fake
+// implementations in python/rtcnorm/_ops.py.
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "ops/norm_common.h"
+#include "ops/norm_cpu.h"
+
+namespace rtcnorm {
+namespace {
+
+// torch.nn.functional.rms_norm's default: the input dtype's machine epsilon.
+double default_eps(const at::Tensor& input, std::optional<double> eps) {
+  if (eps.has_value()) return *eps;
+  switch (input.scalar_type()) {
+    case at::kHalf:
+      return 0.0009765625;  // 2^-10
+    case at::kBFloat16:
+      return 0.0078125;  // 2^-7
+    case at::kDouble:
+      return std::numeric_limits<double>::epsilon();
+    default:
+      return std::numeric_limits<float>::epsilon();
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape,
+                                                 const std::optional<at::Tensor>& weight, std::optional<double> eps,
+                                                 std::optional<c10::string_view> mode, bool zero_centered_gamma) {
+  auto o = norm_forward_cuda(kRmsNorm, "rms_norm", input, std::nullopt, normalized_shape, weight, std::nullopt,
+                             default_eps(input, eps), parse_mode(mode, "rms_norm"), zero_centered_gamma);
+  return {o.y, o.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& input, at::IntArrayRef normalized_shape,
+                                                const std::optional<at::Tensor>& weight, std::optional<double> eps,
+                                                std::optional<c10::string_view> mode, bool zero_centered_gamma) {
+  parse_mode(mode, "rms_norm");
+  auto o = norm_forward_cpu(kRmsNorm, "rms_norm", input, std::nullopt, normalized_shape, weight, std::nullopt,
+                            default_eps(input, eps), zero_centered_gamma);
+  return {o.y, o.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cuda(
+    const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, std::optional<c10::string_view> mode,
+    bool zero_centered_gamma) {
+  auto o = norm_forward_cuda(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,
+                             default_eps(input, eps), parse_mode(mode, "add_rms_norm"), zero_centered_gamma);
+  return {o.y, o.h, o.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cpu(
+    const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, std::optional<c10::string_view> mode,
+    bool zero_centered_gamma) {
+  parse_mode(mode, "add_rms_norm");
+  auto o = norm_forward_cpu(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,
+                            default_eps(input, eps), zero_centered_gamma);
+  return {o.y, o.h, o.rstd};
+}
+
+template <bool kCuda>
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& input,
+                                                     const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                                     at::IntArrayRef normalized_shape, bool zero_centered_gamma,
+                                                     bool weight_grad, const std::optional<at::Tensor>& grad_h) {
+  auto fn = kCuda ? norm_backward_cuda : norm_backward_cpu;
+  auto o = fn(kRmsNorm, "rms_norm_backward", grad_out, input, std::nullopt, rstd, weight, std::nullopt,
+              normalized_shape, zero_centered_gamma, weight_grad, false, grad_h);
+  return {o.dx, o.dw};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtcnorm, CUDA, m) {
+  m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("add_rms_norm", &add_rms_norm_cuda);
+  m.impl("rms_norm_backward", &rms_norm_backward<true>);
+}
+
+TORCH_LIBRARY_IMPL(rtcnorm, CPU, m) {
+  m.impl("rms_norm", &rms_norm_cpu);
+  m.impl("add_rms_norm", &add_rms_norm_cpu);
+  m.impl("rms_norm_backward", &rms_norm_backward<false>);
+}
+
+}  // namespace rtcnorm

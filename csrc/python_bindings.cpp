@@ -1,0 +1,153 @@
+// rtcnorm._C: loading this module registers the torch.ops.rtcnorm library
+// (static initializers in registration.cpp and ops/*.cpp) and exposes the JIT
+// administration API used by python/rtcnorm/jit.py and explain().
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "jit/disk_cache.h"
+#include "jit/kernel_cache.h"
+#include "jit/nvrtc.h"
+#include "ops/norm_plan.h"
+#include "ops/variants.h"
+
+namespace py = pybind11;
+using namespace rtcnorm;
+
+namespace {
+
+jit::DType parse_dtype(const std::string& s) {
+  if (s == "float32") return jit::DType::kFloat32;
+  if (s == "float16") return jit::DType::kFloat16;
+  if (s == "bfloat16") return jit::DType::kBFloat16;
+  throw py::value_error("rtcnorm: dtype must be 'float32', 'float16' or 'bfloat16', got '" + s + "'");
+}
+
+std::vector<NormMode> parse_modes(const std::vector<std::optional<std::string>>& modes) {
+  std::vector<NormMode> out;
+  for (const auto& m : modes) {
+    std::optional<c10::string_view> v;
+    if (m.has_value()) v = c10::string_view(m->data(), m->size());
+    out.push_back(parse_mode(v, "jit.precompile"));
+  }
+  return out;
+}
+
+py::dict stats_dict() {
+  const jit::JitStats s = jit::stats();
+  py::dict d;
+  d["memory_hits"] = s.memory_hits;
+  d["memory_misses"] = s.memory_misses;
+  d["disk_hits"] = s.disk_hits;
+  d["disk_misses"] = s.disk_misses;
+  d["disk_corrupt"] = s.disk_corrupt;
+  d["disk_writes"] = s.disk_writes;
+  d["compiles"] = s.compiles;
+  d["compile_ms"] = s.compile_ms;
+  d["disk_load_ms"] = s.disk_load_ms;
+  d["module_loads"] = s.module_loads;
+  d["module_load_ms"] = s.module_load_ms;
+  return d;
+}
+
+std::vector<std::string> precompile(const std::string& op, const std::vector<std::string>& dtypes,
+                                    const std::vector<int64_t>& hidden_sizes,
+                                    const std::vector<std::optional<std::string>>& modes, const std::vector<int>& archs,
+                                    int threads) {
+  const std::vector<NormMode> m = parse_modes(modes);
+  std::vector<jit::KernelKey> keys;
+  for (int arch : archs)
+    for (const auto& dt : dtypes)
+      for (int64_t n : hidden_sizes) {
+        if (n < 1) throw py::value_error("rtcnorm.jit.precompile: hidden sizes must be >= 1");
+        auto k = variant_keys(op, parse_dtype(dt), n, m, arch);
+        keys.insert(keys.end(), k.begin(), k.end());
+      }
+  py::gil_scoped_release release;
+  return jit::precompile_keys(keys, threads);
+}
+
+py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
+                      const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
+                      bool zero_centered, bool residual, int device, int sm_count, int arch) {
+  NormProblem p;
+  p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
+  p.dtype = parse_dtype(dtype);
+  p.wdtype = parse_dtype(wdtype);
+  p.rows = rows;
+  p.hidden = hidden;
+  p.max_vec = 16;
+  p.has_weight = has_weight;
+  p.has_bias = has_bias;
+  p.zero_centered = zero_centered;
+  p.residual = residual;
+  std::optional<c10::string_view> mv;
+  if (mode.has_value()) mv = c10::string_view(mode->data(), mode->size());
+  const NormMode requested = parse_mode(mv, op.c_str());
+  if (device >= 0) {
+    sm_count = jit::device_info(device).sm_count;
+    arch = jit::device_info(device).arch;
+  }
+  const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch);
+  const NormBwdPlan b = plan_norm_bwd(p, has_weight, has_bias, residual, arch);
+  py::dict d;
+  d["op"] = op;
+  d["requested_mode"] = mode.has_value() ? py::cast(*mode) : py::none();
+  d["mode"] = mode_name(f.mode);
+  d["reason"] = f.reason;
+  d["cached_row"] = f.cached;
+  d["persistent"] = f.persistent;
+  d["vec"] = f.key.vec;
+  d["threads_per_row"] = f.key.threads_per_row;
+  d["rows_per_cta"] = f.key.rows_per_cta;
+  d["vecs_per_thread"] = f.key.vecs_per_thread;
+  d["block"] = f.key.threads();
+  d["row_blocks"] = f.row_blocks;
+  d["kernel"] = f.key.name_expression();
+  d["sm_count"] = sm_count;
+  d["arch"] = "sm_" + std::to_string(arch);
+  if (device >= 0 && rows > 0) {
+    const jit::LoadedKernel& k = jit::get_kernel(f.key, device, jit::current_stream(device), 0);
+    d["blocks_per_sm"] = k.blocks_per_sm;
+    d["registers"] = k.registers;
+    d["grid"] = f.persistent ? persistent_grid(f.row_blocks, sm_count, k.blocks_per_sm) : f.row_blocks;
+  } else {
+    d["grid"] = f.persistent ? py::cast("SMs x occupancy (resolved at launch)") : py::cast(f.row_blocks);
+  }
+  py::dict bd;
+  bd["reason"] = b.reason;
+  bd["cached_row"] = b.cached;
+  bd["kernel"] = b.key.name_expression();
+  bd["block"] = b.key.threads();
+  bd["smem"] = b.smem;
+  d["backward"] = bd;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "rtcnorm native module: op registration and the NVRTC JIT runtime";
+  m.def("set_nvrtc_search_dirs", &jit::set_nvrtc_search_dirs);
+  m.def("nvrtc_info", [] {
+    const jit::NvrtcInfo& i = jit::nvrtc_info();
+    py::dict d;
+    d["path"] = i.path;
+    d["version"] = std::to_string(i.major) + "." + std::to_string(i.minor);
+    d["archs"] = i.archs;
+    return d;
+  });
+  m.def("driver_version", &jit::driver_version_string);
+  m.def("cache_dir", &jit::disk_cache_root);
+  m.def("disk_cache_enabled", &jit::disk_cache_enabled);
+  m.def("clear_cache", &jit::clear_cache);
+  m.def("stats", &stats_dict);
+  m.def("reset_stats", &jit::reset_stats);
+  m.def("variant_ops", &variant_ops);
+  m.def("precompile", &precompile, py::arg("op"), py::arg("dtypes"), py::arg("hidden_sizes"), py::arg("modes"),
+        py::arg("archs"), py::arg("threads") = 0);
+  m.def("explain_norm", &explain_norm);
+}

@@ -1,0 +1,106 @@
+"""Forward modes of the norm ops, and `explain`, which shows what would run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+MODES = ("static_persistent", "multi_wave_reload", "multi_wave_cached")
+"""Valid values of `mode` besides None (None lets a heuristic choose).
+
+- ``static_persistent``: a grid of SMs x occupancy CTAs striding over rows.
+  For narrow rows gamma (and beta) stay in registers for the CTA's lifetime.
+- ``multi_wave_reload``: one CTA per block of rows; x is read once for the
+  statistics and again for the normalize pass (the re-read mostly hits L2).
+- ``multi_wave_cached``: one CTA per block of rows; the row stays in registers
+  between the two passes, so x is read once.
+
+Rows too wide for registers (more than 64 bf16/fp16 or 32 fp32 values per
+thread at 1024 threads, i.e. N > 65536 for 16-bit types, N > 32768 for fp32)
+fall back to re-reading x in ``static_persistent`` and ``multi_wave_cached``.
+"""
+
+_OPS = ("rms_norm", "layer_norm")
+
+
+def check_mode(mode: str | None, op: str = "rms_norm") -> None:
+    if mode is not None and mode not in MODES:
+        raise ValueError(
+            f"rtcnorm.{op}: mode must be None, 'static_persistent', 'multi_wave_reload' or "
+            f"'multi_wave_cached', got {mode!r}"
+        )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+    if dtype not in names:
+        raise TypeError(f"rtcnorm: dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype}")
+    return names[dtype]
+
+
+def explain(
+    op: str,
+    shape: Sequence[int],
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    normalized_shape: Sequence[int] | int | None = None,
+    mode: str | None = None,
+    weight_dtype: torch.dtype | None = None,
+    elementwise_affine: bool = True,
+    bias: bool | None = None,
+    zero_centered_gamma: bool = False,
+    residual: bool = False,
+    device: torch.device | str | int | None = None,
+    sm_count: int = 132,
+    arch: str = "sm_90",
+) -> dict:
+    """Return the forward and backward launch plan for a norm call, and why.
+
+    ``shape`` is the input's shape; rows are normalized over ``normalized_shape``
+    (default: the last dim). With a CUDA device (the current one by default,
+    when present) the kernel is loaded to report its real occupancy and grid;
+    without one the plan is made for ``sm_count`` SMs of ``arch``.
+    """
+    if op not in _OPS:
+        raise ValueError(f"rtcnorm.explain: op must be one of {_OPS}, got {op!r}")
+    check_mode(mode, op)
+    shape = [int(s) for s in shape]
+    if normalized_shape is None:
+        normalized_shape = shape[-1:]
+    elif isinstance(normalized_shape, int):
+        normalized_shape = [normalized_shape]
+    normalized_shape = [int(s) for s in normalized_shape]
+    nd = len(normalized_shape)
+    if nd == 0 or shape[len(shape) - nd :] != normalized_shape:
+        raise ValueError(f"rtcnorm.explain: normalized_shape {normalized_shape} must match the trailing dims of {shape}")
+    hidden = 1
+    for s in normalized_shape:
+        hidden *= s
+    rows = 1
+    for s in shape[: len(shape) - nd]:
+        rows *= s
+    if bias is None:
+        bias = op == "layer_norm" and elementwise_affine
+    dev_index = -1
+    if device is not None or torch.cuda.is_available():
+        dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        if dev.type == "cuda":
+            dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
+    from . import _C
+
+    return _C.explain_norm(
+        op,
+        rows,
+        hidden,
+        dtype_name(dtype),
+        dtype_name(weight_dtype or dtype),
+        mode,
+        bool(elementwise_affine),
+        bool(bias),
+        bool(zero_centered_gamma),
+        bool(residual),
+        dev_index,
+        int(sm_count),
+        int(arch.removeprefix("sm_")),
+    )
