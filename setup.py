@@ -69,8 +69,11 @@ setup(
             sources=sources(),
             include_dirs=[str(ROOT / "csrc")],
             define_macros=[("RTCNORM_VERSION", f'"{VERSION}"')],
-            extra_compile_args=["-O2", "-g0", "-fvisibility=hidden"],
-            extra_link_args=["-s"],
+            extra_compile_args=["-O2", "-g0"],
+            # -s: no debug info in the shipped library. --exclude-libs: a compiler that
+            # links libstdc++ statically must not export a second copy of it
+            # into a process where torch already loaded the shared one.
+            extra_link_args=["-s", "-Wl,--exclude-libs,ALL"],
             libraries=["dl"],
         )
     ],
