@@ -150,4 +150,36 @@ PYBIND11_MODULE(_C, m) {
   m.def("precompile", &precompile, py::arg("op"), py::arg("dtypes"), py::arg("hidden_sizes"), py::arg("modes"),
         py::arg("archs"), py::arg("threads") = 0);
   m.def("explain_norm", &explain_norm);
+  m.def("_norm_tuning", [] {
+    const NormTuning& t = norm_tuning();
+    py::dict d;
+    d["fwd_vecs_target"] = t.fwd_vecs_target;
+    d["fwd_cta_threads"] = t.fwd_cta_threads;
+    d["fwd_cache_bytes"] = t.fwd_cache_bytes;
+    d["fwd_min_blocks"] = t.fwd_min_blocks;
+    d["keep_gamma_floats"] = t.keep_gamma_floats;
+    d["bwd_cache_elems"] = t.bwd_cache_elems;
+    d["bwd_cta_threads"] = t.bwd_cta_threads;
+    d["bwd_min_blocks"] = t.bwd_min_blocks;
+    d["narrow_row"] = t.narrow_row;
+    return d;
+  });
+  m.def("_set_norm_tuning", [](const py::dict& d) {
+    NormTuning& t = norm_tuning();
+    for (auto [k, v] : d) {
+      const std::string key = py::cast<std::string>(k);
+      const int64_t val = py::cast<int64_t>(v);
+      if (val < 1) throw py::value_error("rtcnorm._tuning: " + key + " must be >= 1");
+      if (key == "fwd_vecs_target") t.fwd_vecs_target = int(val);
+      else if (key == "fwd_cta_threads") t.fwd_cta_threads = int(std::min<int64_t>(val, 1024));
+      else if (key == "fwd_cache_bytes") t.fwd_cache_bytes = int(val);
+      else if (key == "fwd_min_blocks") t.fwd_min_blocks = int(val);
+      else if (key == "keep_gamma_floats") t.keep_gamma_floats = int(val);
+      else if (key == "bwd_cache_elems") t.bwd_cache_elems = int(val);
+      else if (key == "bwd_cta_threads") t.bwd_cta_threads = int(std::min<int64_t>(val, 1024));
+      else if (key == "bwd_min_blocks") t.bwd_min_blocks = int(val);
+      else if (key == "narrow_row") t.narrow_row = val;
+      else throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
+    }
+  });
 }

@@ -2,19 +2,22 @@
 // biased variance, g = gamma, 1 + gamma (zero-centred) or 1. The bodies are
 // shared with RMSNorm (common/norm_fwd.cuh, common/norm_bwd.cuh); LayerNorm is
 // the kLayerNorm statistics policy: Chan-merged mean and M2.
+//
+// MINB is the CTAs per SM the launch bounds ask registers to allow (the
+// planner's occupancy target); it changes the register cap, never the result.
 #pragma once
 
 #include "common/norm_bwd.cuh"
 
 namespace rtcnorm {
 
-template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
-__global__ void __launch_bounds__(TPR* ROWS) layer_norm_fwd(const NormFwdParams p) {
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) layer_norm_fwd(const NormFwdParams p) {
   norm_fwd<kLayerNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 
-template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
-__global__ void __launch_bounds__(TPR* ROWS) layer_norm_bwd(const NormBwdParams p) {
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) layer_norm_bwd(const NormBwdParams p) {
   norm_bwd<kLayerNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 

@@ -2,19 +2,22 @@
 // 1 + gamma (zero-centred) or 1 (no weight). The bodies are shared with
 // LayerNorm (common/norm_fwd.cuh, common/norm_bwd.cuh); RMSNorm is the
 // kRmsNorm statistics policy: mean fixed at 0, sum of squares only.
+//
+// MINB is the CTAs per SM the launch bounds ask registers to allow (the
+// planner's occupancy target); it changes the register cap, never the result.
 #pragma once
 
 #include "common/norm_bwd.cuh"
 
 namespace rtcnorm {
 
-template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
-__global__ void __launch_bounds__(TPR* ROWS) rms_norm_fwd(const NormFwdParams p) {
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_fwd(const NormFwdParams p) {
   norm_fwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 
-template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
-__global__ void __launch_bounds__(TPR* ROWS) rms_norm_bwd(const NormBwdParams p) {
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_bwd(const NormBwdParams p) {
   norm_bwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 

@@ -16,7 +16,7 @@ std::string norm_expression(const char* kernel, const KernelKey& k) {
   std::ostringstream os;
   os << "rtcnorm::" << kernel << "<" << jit::kernel_type_name(k.dtype) << ", " << jit::kernel_type_name(k.wdtype)
      << ", " << k.hidden << ", " << k.vec << ", " << k.threads_per_row << ", " << k.rows_per_cta << ", "
-     << k.vecs_per_thread << ", " << k.flags << "u>";
+     << k.vecs_per_thread << ", " << k.flags << "u, " << k.variant << ">";
   return os.str();
 }
 
@@ -31,18 +31,8 @@ int pow2_ceil(int64_t v) {
   return p;
 }
 
-// Register budget per thread for a row kept on chip, in bytes of raw input:
-// 128 bytes is 64 bf16 or 32 fp32 values (plus fp32 temporaries at use).
-constexpr int kFwdCacheBytes = 128;
-// Forward: aim for 4 vectors (64 bytes) in flight per thread per row.
-constexpr int kFwdVecsTarget = 4;
-constexpr int kFwdCtaThreads = 256;
-// Backward: x, dy and fp32 dW (and dB) accumulators share the registers, so
-// a thread caches at most 16 elements of a row.
-constexpr int kBwdCacheElems = 16;
-constexpr int kBwdCtaThreads = 512;
-// Rows at or below this width are "narrow": many rows per CTA, gamma loaded once.
-constexpr int64_t kNarrowRow = 512;
+// Launch-bounds CTAs per SM: never more than fit by thread count.
+int min_blocks_for(int threads, int requested) { return std::max(1, std::min(requested, 2048 / threads)); }
 
 const KernelFamily* fwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormFwd : &kLayerNormFwd; }
 const KernelFamily* bwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwd : &kLayerNormBwd; }
@@ -103,7 +93,22 @@ int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm) {
   return std::max<int64_t>(1, std::min<int64_t>(row_blocks, int64_t(sm_count) * std::max(1, blocks_per_sm)));
 }
 
+NormTuning& norm_tuning() {
+  static NormTuning t;
+  return t;
+}
+
+static int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch) {
+  const NormTuning& t = norm_tuning();
+  const int64_t kNarrowRow = t.narrow_row > 0 ? t.narrow_row : 512;
+  const bool narrow = p.hidden <= kNarrowRow;
+  // H200 sweeps: wide rows want 8 x 16 B in flight per thread and 128-thread
+  // CTAs; narrow rows want 2 vectors per thread and many rows per CTA.
+  const int kFwdVecsTarget = pick(t.fwd_vecs_target, narrow ? 2 : 8);
+  // Raw row bytes a thread may keep: 128 B is 64 bf16 or 32 fp32 values.
+  const int kFwdCacheBytes = pick(t.fwd_cache_bytes, 128);
   NormFwdPlan plan;
   const int esize = jit::element_size(p.dtype);
   const int vec = choose_vec(p);
@@ -111,7 +116,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const int tpr = std::min(1024, pow2_ceil(ceil_div(nvec, kFwdVecsTarget)));
   const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
   const bool fits = int64_t(nv_row) * vec * esize <= kFwdCacheBytes;
-  const int rows = std::max(1, kFwdCtaThreads / tpr);
+  const int rows = std::max(1, pick(t.fwd_cta_threads, narrow ? 256 : 128) / tpr);
   plan.row_blocks = ceil_div(p.rows, rows);
 
   std::ostringstream why;
@@ -121,10 +126,14 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
       mode = NormMode::kMultiWaveReload;
       why << "row of " << p.hidden << " elements exceeds the register cache (" << kFwdCacheBytes
           << " bytes per thread at 1024 threads), so x is re-read for the normalize pass";
-    } else if (p.hidden <= kNarrowRow) {
+    } else if (narrow && plan.row_blocks <= 16LL * sm_count) {
       mode = NormMode::kStaticPersistent;
-      why << "narrow rows (N <= " << kNarrowRow << "): " << rows
-          << " rows per CTA, persistent CTAs keep gamma in registers";
+      why << "narrow rows (N <= " << kNarrowRow << ") and at most 16 row blocks per SM: " << rows
+          << " rows per CTA, persistent CTAs load gamma once";
+    } else if (narrow) {
+      mode = NormMode::kMultiWaveCached;
+      why << "narrow rows (N <= " << kNarrowRow << ") in many waves: " << rows
+          << " rows per CTA, one CTA per row block";
     } else {
       mode = NormMode::kMultiWaveCached;
       why << "row fits in registers (" << nv_row * vec << " elements per thread): read x once";
@@ -139,7 +148,8 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   plan.cached = fits && mode != NormMode::kMultiWaveReload;
   const int nv = plan.cached ? nv_row : std::min(nv_row, kFwdVecsTarget);
   const int wtensors = int(p.has_weight) + int(p.has_bias);
-  const bool keep = plan.persistent && plan.cached && wtensors > 0 && nv * vec * wtensors <= 32;
+  const bool keep =
+      plan.persistent && plan.cached && wtensors > 0 && nv * vec * wtensors <= pick(t.keep_gamma_floats, 16);
 
   KernelKey k = base_key(p, fwd_family(p.kind), arch);
   k.vec = static_cast<int16_t>(vec);
@@ -149,6 +159,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) |
             (p.zero_centered ? kZeroCentered : 0u) | (p.residual ? kResidual : 0u) |
             (plan.cached ? kCachedRow : 0u) | (keep ? kKeepGamma : 0u);
+  k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, 1)));
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << (plan.persistent ? "; grid = SMs x occupancy" : "; grid = one CTA per row block")
@@ -159,6 +170,12 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
 }
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
+  const NormTuning& t = norm_tuning();
+  const bool narrow = p.hidden <= (t.narrow_row > 0 ? t.narrow_row : 512);
+  // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
+  // CTAs; RMSNorm at N = 8K..16K wants 32; everything else 16 at 512 threads.
+  const bool wide_rms = p.kind == kRmsNorm && p.hidden >= 8192 && p.hidden <= 16384;
+  const int kBwdCacheElems = pick(t.bwd_cache_elems, narrow ? 8 : (wide_rms ? 32 : 16));
   NormBwdPlan plan;
   const int vec = choose_vec(p);
   const int64_t nvec = p.hidden / vec;
@@ -168,7 +185,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   // At 1024 threads a thread has 64 registers: LayerNorm's two accumulator
   // sets spill there, so LayerNorm caches only up to 512 threads per row.
   plan.cached = nv_row * vec <= kBwdCacheElems && (tpr <= 512 || p.kind == kRmsNorm);
-  const int rows = plan.cached ? std::max(1, kBwdCtaThreads / tpr) : 1;
+  const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, narrow ? 1024 : 512) / tpr) : 1;
   const int nv = plan.cached ? nv_row : std::min(nv_row, nv_target);
   plan.row_blocks = ceil_div(p.rows, rows);
   const int bundles = tpr < 32 ? (tpr * rows) / 32 : rows;
@@ -183,6 +200,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
             (want_db ? kWantDb : 0u);
+  k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.bwd_min_blocks, 1)));
   plan.key = k;
   std::ostringstream why;
   why << (plan.cached ? "x and dy kept in registers, dW partials in registers"

@@ -11,6 +11,7 @@
 
 #include "jit/kernel_key.h"
 #include "kernels/common/params.cuh"
+#include "ops/norm_tuning.h"
 
 namespace rtcnorm {
 

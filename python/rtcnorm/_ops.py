@@ -1,4 +1,4 @@
-"""Fake (meta) implementations and autograd for the torch.ops.rtcnorm ops.
+"""Fake (meta) implementations of the torch.ops.rtcnorm ops.
 
 Schemas are defined in C++ (csrc/registration.cpp). Fake implementations
 mirror the real ones' output shapes, dtypes and (contiguous) strides, so the
@@ -82,62 +82,5 @@ def _layer_norm_backward_fake(
     return _empty_like(input), dw, db
 
 
-# ---- autograd ---------------------------------------------------------------
-
-
-def _rms_norm_setup(ctx, inputs, output):
-    input, normalized_shape, weight, _eps, _mode, zero_centered_gamma = inputs
-    ctx.save_for_backward(input, weight, output[1])
-    ctx.normalized_shape = list(normalized_shape)
-    ctx.zero_centered_gamma = zero_centered_gamma
-
-
-def _rms_norm_backward(ctx, grad_y, _grad_rstd):
-    input, weight, rstd = ctx.saved_tensors
-    need_w = weight is not None and ctx.needs_input_grad[2]
-    dx, dw = torch.ops.rtcnorm.rms_norm_backward(
-        grad_y, input, rstd, weight, ctx.normalized_shape, ctx.zero_centered_gamma, need_w
-    )
-    return dx, None, dw if need_w else None, None, None, None
-
-
-torch.library.register_autograd(_lib + "rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup)
-
-
-def _add_rms_norm_setup(ctx, inputs, output):
-    _input, _residual, normalized_shape, weight, _eps, _mode, zero_centered_gamma = inputs
-    ctx.save_for_backward(output[1], weight, output[2])
-    ctx.normalized_shape = list(normalized_shape)
-    ctx.zero_centered_gamma = zero_centered_gamma
-
-
-def _add_rms_norm_backward(ctx, grad_y, grad_h, _grad_rstd):
-    h, weight, rstd = ctx.saved_tensors
-    need_w = weight is not None and ctx.needs_input_grad[3]
-    dh, dw = torch.ops.rtcnorm.rms_norm_backward(
-        grad_y, h, rstd, weight, ctx.normalized_shape, ctx.zero_centered_gamma, need_w, grad_h
-    )
-    return dh, dh, None, dw if need_w else None, None, None, None
-
-
-torch.library.register_autograd(_lib + "add_rms_norm", _add_rms_norm_backward, setup_context=_add_rms_norm_setup)
-
-
-def _layer_norm_setup(ctx, inputs, output):
-    input, normalized_shape, weight, bias, _eps, _mode, zero_centered_gamma = inputs
-    ctx.save_for_backward(input, weight, bias, output[1], output[2])
-    ctx.normalized_shape = list(normalized_shape)
-    ctx.zero_centered_gamma = zero_centered_gamma
-
-
-def _layer_norm_backward(ctx, grad_y, _grad_mean, _grad_rstd):
-    input, weight, bias, mean, rstd = ctx.saved_tensors
-    need_w = weight is not None and ctx.needs_input_grad[2]
-    need_b = bias is not None and ctx.needs_input_grad[3]
-    dx, dw, db = torch.ops.rtcnorm.layer_norm_backward(
-        grad_y, input, mean, rstd, weight, bias, ctx.normalized_shape, ctx.zero_centered_gamma, need_w, need_b
-    )
-    return dx, None, dw if need_w else None, db if need_b else None, None, None, None
-
-
-torch.library.register_autograd(_lib + "layer_norm", _layer_norm_backward, setup_context=_layer_norm_setup)
+# Autograd for rms_norm, add_rms_norm and layer_norm is registered in C++
+# (csrc/ops/norm_autograd.cpp): a Python wrapper would dominate small shapes.

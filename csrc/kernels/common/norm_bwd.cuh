@@ -155,7 +155,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float xhat = (to_float(xv[i].e[j]) - mean) * rstd;
-          const float wdy = to_float(dv[i].e[j]) * g[j];
+          const float wdy = __fmul_rn(to_float(dv[i].e[j]), g[j]);
           s.a = fmaf(wdy, xhat, s.a);
           s.b += wdy;
         }
@@ -194,7 +194,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           xhat[j] = (to_float(xv.e[j]) - mean) * rstd;
-          const float wdy = to_float(dv.e[j]) * g[j];
+          // __fmul_rn: the same rounded dy*g as in the sums above, so for LayerNorm
+          // rows of one element wdy - c2 is exactly 0 (no contraction into an FMA).
+          const float wdy = __fmul_rn(to_float(dv.e[j]), g[j]);
           out[j] = rstd * (wdy - c2 - xhat[j] * c1);
           if constexpr (kDh) out[j] += dhv[j];
         }

@@ -1,0 +1,32 @@
+// Overrides of the norm planner's rules, for benchmark sweeps through
+// rtcnorm._tuning (the rules themselves were fitted to H200 sweeps, see
+// benchmarks/NOTES.md). Overrides are process-wide and are
+// not synchronised with concurrent launches: set them before launching.
+#pragma once
+
+#include <cstdint>
+
+namespace rtcnorm {
+
+// Every field is an override: 0 means "use the planner's rule" (norm_plan.cpp).
+struct NormTuning {
+  // Forward: vectors per thread a row is split into, CTA size, and the bytes
+  // of raw row a thread may keep in registers.
+  int fwd_vecs_target = 0;
+  int fwd_cta_threads = 0;
+  int fwd_cache_bytes = 0;
+  int fwd_min_blocks = 0;
+  // gamma (+beta) values a persistent CTA's thread may keep in registers.
+  int keep_gamma_floats = 0;
+  // Backward: elements of a row a thread caches (x, dy and fp32 dW/dB
+  // accumulators share the registers), CTA size, and launch-bounds CTAs/SM.
+  int bwd_cache_elems = 0;
+  int bwd_cta_threads = 0;
+  int bwd_min_blocks = 0;
+  // Rows at or below this width are "narrow" for the mode heuristic.
+  int64_t narrow_row = 0;
+};
+
+NormTuning& norm_tuning();
+
+}  // namespace rtcnorm
