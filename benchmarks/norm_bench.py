@@ -355,11 +355,8 @@ def main(op: str, argv=None) -> None:
         sizes = [int(v) for v in a.jit.replace(",", " ").split()]
         jit = jit_table(op, sizes, str(DTYPES[a.dtypes[0]]).removeprefix("torch."), device=a.device)
     meta = {"args": vars(a), "peers": {**{p: H.peer_status().get(p, "ok") for p in peers}, **missing}}
-    saved = wide.save(
-        a.out,
-        plot={"y": ["copy", *cols], "x": [c for c in head if c != "phase"], "facet": "phase", "ylabel": "GB/s"},
-        meta=meta,
-    )
+    plot = {"y": ["copy", *cols], "x": [c for c in head if c != "phase"], "facet": "phase", "ylabel": "GB/s"}
+    saved = wide.save(a.out, plot=plot, meta=meta)
     rec_table = H.Table(f"{op} per-impl records", [])
     for r in recs:
         rec_table.add(r)
@@ -393,9 +390,8 @@ def _summary(op, a, recs, issues, heur, wide, meta, saved, seconds) -> None:
     if ratios:
         worst = min(ratios, key=lambda r: r["rtc/best"])
         beat = sum(r["rtc/best"] >= 1.0 for r in ratios)
+        where = f"{worst['shape']} {worst.get('dtype', a.dtype)} {worst['phase']}"
         print(
-            f"rtcnorm >= best peer on {beat}/{len(ratios)} rows; worst {worst['shape']} {worst.get('dtype', a.dtype)} ",
-            end="",
+            f"rtcnorm >= best peer on {beat}/{len(ratios)} rows; worst {where} x{worst['rtc/best']:.2f} vs {worst['peer']}"
         )
-        print(f"{worst['phase']} x{worst['rtc/best']:.2f} vs {worst['peer']}")
     print("saved: " + ", ".join(saved), flush=True)
