@@ -1,0 +1,382 @@
+"""The shared benchmark harness: timing, copy ceiling, profiler kernel time, tables, shapes, peers.
+
+Timing contract (every bench_<op>.py relies on it):
+- `bench(fn)` returns the median milliseconds of one call of `fn`, warmed up, with
+  the L2 cache flushed (a 256 MB buffer written) before every timed call. On CUDA it
+  uses `triton.testing.do_bench` when triton imports, else CUDA events around each
+  call. On CPU (smoke runs only) it falls back to wall-clock.
+- `copy_gbps(nbytes)` is the ceiling: a device-to-device `copy_` whose read plus
+  write total `nbytes`, timed the same way in the same process.
+- `profiler_kernel_ms(fn)` is GPU time only: the sum of every kernel (and memset or
+  memcpy) of one call, from torch.profiler, with the flush kernel left out. The gap
+  between it and `bench(fn)` is host overhead.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+if BENCH_DIR not in sys.path:  # sibling modules import the same way from a script or a package
+    sys.path.insert(0, BENCH_DIR)
+from peers import PEER_LOADERS, peer, peer_status, reason  # noqa: E402,F401  (re-exported: part of this API)
+
+REPO_DIR = os.path.dirname(BENCH_DIR)
+RESULTS_DIR = os.path.join(BENCH_DIR, "results")
+SHAPES_PATH = os.path.join(BENCH_DIR, "bench_shapes.json")
+FLUSH_BYTES = 256 << 20  # well above the 50 MB L2 of an H100
+
+_cfg = {"device": "cuda" if torch.cuda.is_available() else "cpu", "warmup": 10.0, "rep": 40.0}
+_cache: dict = {}
+
+
+def configure(*, device: str | None = None, warmup: float | None = None, rep: float | None = None) -> None:
+    """Set the device and the warm-up / measurement budgets (ms per `bench` call)."""
+    if device is not None:
+        _cfg["device"] = device
+    if warmup is not None:
+        _cfg["warmup"] = float(warmup)
+    if rep is not None:
+        _cfg["rep"] = float(rep)
+
+
+def device() -> torch.device:
+    return torch.device(_cfg["device"])
+
+
+def on_cuda() -> bool:
+    return device().type == "cuda"
+
+
+def sync() -> None:
+    if on_cuda():
+        torch.cuda.synchronize()
+
+
+def _flush_buffer() -> torch.Tensor:
+    if "flush" not in _cache:
+        _cache["flush"] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device())
+    return _cache["flush"]
+
+
+def _do_bench():
+    if "do_bench" not in _cache:
+        try:
+            from triton.testing import do_bench
+
+            _cache["do_bench"] = do_bench
+        except Exception:
+            _cache["do_bench"] = None
+    return _cache["do_bench"]
+
+
+def timer_name() -> str:
+    if not on_cuda():
+        return "wall-clock (CPU smoke run; not a benchmark)"
+    return "triton.testing.do_bench" if _do_bench() is not None else "CUDA events"
+
+
+def _event_bench(fn, warmup: float, rep: float) -> float:
+    flush = _flush_buffer()
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup / est))):
+        fn()
+    n = min(max(5, int(rep / est)), 10000)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for s, e in events:
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def _wall_bench(fn, warmup: float, rep: float) -> float:
+    fn()
+    times: list[float] = []
+    deadline = time.perf_counter() + (warmup + rep) / 1e3
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench(fn, *, grad: bool = False) -> float:
+    """Median ms of one call of `fn` (L2 flushed, warmed up). `grad` marks a backward
+    call; autograd's first calls allocate, so it gets a longer warm-up."""
+    warmup, rep = _cfg["warmup"] * (2 if grad else 1), _cfg["rep"]
+    if not on_cuda():
+        return _wall_bench(fn, warmup, rep)
+    do_bench = _do_bench()
+    if do_bench is not None:
+        return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    return _event_bench(fn, warmup, rep)
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def copy_gbps(nbytes: int) -> float:
+    """GB/s of `dst.copy_(src)` where read + write total `nbytes` (src holds half)."""
+    n = max(16, (int(nbytes) // 2 + 15) // 16 * 16)
+    key = ("copy", n, _cfg["device"])
+    if key not in _cache:
+        src = torch.empty(n, dtype=torch.uint8, device=device()).random_()
+        dst = torch.empty_like(src)
+        _cache[key] = gbps(2 * n, bench(lambda: dst.copy_(src)))
+        del src, dst
+    return _cache[key]
+
+
+def _is_device_work(e, DeviceType) -> bool:
+    """A kernel, memset or memcpy; not a GPU-side mirror of a record_function range
+    (autograd and torch.compile open such ranges around the kernels they launch)."""
+    return e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+
+
+def _flush_kernel_names() -> set:
+    """Names of the device events of one flush, learned once by profiling it alone."""
+    if "flush_names" not in _cache:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        flush = _flush_buffer()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                flush.bitwise_not_()
+            torch.cuda.synchronize()
+        _cache["flush_names"] = {e.name for e in prof.events() if _is_device_work(e, DeviceType)}
+    return _cache["flush_names"]
+
+
+def profiler_kernel_ms(fn, iters: int = 20) -> float:
+    """Device time of one call of `fn` from torch.profiler: all kernels, memsets and
+    memcpys over `iters` L2-flushed calls, divided by `iters`. On CPU: self CPU time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = on_cuda()
+    fn()
+    sync()
+    skip = _flush_kernel_names() if cuda else set()
+    flush = _flush_buffer() if cuda else None
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with profile(activities=acts) as prof:
+            for _ in range(iters):
+                if flush is not None:
+                    flush.bitwise_not_()
+                fn()
+            sync()
+    total_us = 0.0
+    for e in prof.events():
+        if cuda and _is_device_work(e, DeviceType) and e.name not in skip:
+            total_us += e.time_range.elapsed_us()
+        elif not cuda and e.device_type == DeviceType.CPU and e.cpu_parent is None:
+            total_us += e.cpu_time_total
+    return total_us / iters / 1e3 if total_us > 0 else float("nan")
+
+
+# ---- shapes, environment, progress -------------------------------------------
+
+
+def load_shapes() -> dict:
+    """The standard shapes: the dict stored in benchmarks/bench_shapes.json."""
+    with open(SHAPES_PATH) as f:
+        return json.load(f)
+
+
+def environment() -> dict:
+    env = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": _cfg["device"],
+        "timer": timer_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
+    for name in ("triton", "rtcnorm"):
+        mod = sys.modules.get(name)
+        env[name] = getattr(mod, "__version__", None) if mod else None
+    if on_cuda():
+        props = torch.cuda.get_device_properties(device())
+        env["gpu"] = props.name
+        env["sm_count"] = props.multi_processor_count
+        env["capability"] = f"sm_{props.major}{props.minor}"
+    return env
+
+
+def progress(items, desc: str = "", label=None):
+    """Iterate with a progress bar (tqdm or rich) on a terminal, else one short line
+    per item on stderr (`label(item)`, default str), so that a captured log stays small."""
+    items = list(items)
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+
+            return tqdm(items, desc=desc, file=sys.stderr)
+        except ImportError:
+            pass
+        try:
+            from rich.progress import track
+
+            return track(items, description=desc)
+        except ImportError:
+            pass
+
+    def lines():
+        for i, item in enumerate(items):
+            print(f"[{i + 1}/{len(items)}] {desc} {label(item) if label else item}", file=sys.stderr, flush=True)
+            yield item
+
+    return lines()
+
+
+# ---- tables -------------------------------------------------------------------
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v))
+
+
+def _num(v: float) -> str:
+    if isinstance(v, int):
+        return str(v)
+    a = abs(v)
+    return f"{v:.0f}" if a >= 100 else f"{v:.1f}" if a >= 10 else f"{v:.2f}" if a >= 0.1 else f"{v:.3g}"
+
+
+class Table:
+    """Rows of named cells. Numbers stay numbers in CSV/JSON; text and Markdown round
+    them, and columns in `pct_cols` also show their % of column `pct_of`."""
+
+    def __init__(self, title: str, columns, *, pct_of: str | None = None, pct_cols=()):
+        self.title, self.columns, self.rows = title, list(columns), []
+        self.pct_of, self.pct_cols = pct_of, set(pct_cols)
+
+    def add(self, row: dict) -> None:
+        for k in row:
+            if k not in self.columns:
+                self.columns.append(k)
+        self.rows.append(dict(row))
+
+    def cell(self, row: dict, col: str) -> str:
+        v = row.get(col)
+        if v is None:
+            return "-"
+        if not _is_num(v):
+            return str(v)
+        ref = row.get(self.pct_of) if self.pct_of else None
+        if col in self.pct_cols and _is_num(ref) and ref > 0:
+            return f"{_num(v)} {100 * v / ref:.0f}%"
+        return _num(v)
+
+    def text(self) -> str:
+        grid = [self.columns] + [[self.cell(r, c) for c in self.columns] for r in self.rows]
+        widths = [max(len(row[i]) for row in grid) for i in range(len(self.columns))]
+        lines = [self.title]
+        for j, row in enumerate(grid):
+            lines.append("  ".join(s.ljust(w) if i == 0 else s.rjust(w) for i, (s, w) in enumerate(zip(row, widths))))
+            if j == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def print(self) -> None:
+        print("\n" + self.text(), flush=True)
+
+    def markdown(self) -> str:
+        out = [f"**{self.title}**", "", "| " + " | ".join(self.columns) + " |"]
+        out.append("|" + "---|" * len(self.columns))
+        out += ["| " + " | ".join(self.cell(r, c) for c in self.columns) + " |" for r in self.rows]
+        return "\n".join(out) + "\n"
+
+    def save(self, name: str, *, plot: dict | bool | None = None, meta: dict | None = None) -> list[str]:
+        """Write results/<name>.csv, .json and .md, plus .png when matplotlib imports.
+        `plot` may name `y` (the columns plotted), `x` (the columns labelling a row;
+        default the first), `facet` (one subplot per value), `ylabel` and `title`."""
+        os.makedirs(RESULTS_DIR, exist_ok=True)
+        base = os.path.join(RESULTS_DIR, name)
+        with open(base + ".csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+        with open(base + ".json", "w") as f:
+            doc = {"title": self.title, "meta": {**environment(), **(meta or {})}, "columns": self.columns}
+            json.dump({**doc, "rows": self.rows}, f, indent=1, default=str)
+        with open(base + ".md", "w") as f:
+            f.write(self.markdown())
+        paths = [base + ext for ext in (".csv", ".json", ".md")]
+        if plot is False:
+            return paths
+        try:
+            self._plot(base + ".png", **(plot or {}))
+            paths.append(base + ".png")
+        except ImportError:
+            pass
+        except Exception as e:
+            print(f"plot {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        return paths
+
+    def _plot(self, path: str, y=None, x=None, facet=None, ylabel: str = "", title: str | None = None) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        numeric = [c for c in self.columns if any(_is_num(r.get(c)) for r in self.rows)]
+        ycols = list(y) if y else numeric
+        labels = list(x) if x else [self.columns[0]]
+        groups: dict = {}
+        for r in self.rows:
+            groups.setdefault(r.get(facet) if facet else "", []).append(r)
+        if not groups or not ycols:
+            return
+        width = max(8.0, 0.45 * max(len(g) for g in groups.values()) + 4)
+        fig, axes = plt.subplots(len(groups), 1, figsize=(width, 4.5 * len(groups)), squeeze=False)
+        for ax, (key, rows) in zip(axes[:, 0], groups.items()):
+            xs = list(range(len(rows)))
+            for c in ycols:
+                ys = [r.get(c) if _is_num(r.get(c)) else float("nan") for r in rows]
+                if any(_is_num(v) for v in ys):
+                    ax.plot(xs, ys, marker="o", ms=3, label=c, ls="--" if c == self.pct_of else "-")
+            ax.set_xticks(xs)
+            ax.set_xticklabels([" ".join(str(r.get(c, "")) for c in labels) for r in rows], rotation=60, ha="right")
+            ax.tick_params(axis="x", labelsize=7)
+            ax.set_title(f"{title or self.title.split(':')[0]} {key}".strip(), fontsize=9)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def jit_cost(*args, **kwargs) -> dict:
+    """Cold compile, warm disk load and host overhead of one kernel; see jit_cost.py."""
+    from jit_cost import jit_cost as run
+
+    return run(*args, **kwargs)
