@@ -91,8 +91,8 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     sm_count = jit::device_info(device).sm_count;
     arch = jit::device_info(device).arch;
   }
-  const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch);
-  const NormBwdPlan b = plan_norm_bwd(p, has_weight, has_bias, residual, arch);
+  const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch, /*explain=*/true);
+  const NormBwdPlan b = plan_norm_bwd(p, has_weight, has_bias, residual, arch, /*explain=*/true);
   py::dict d;
   d["op"] = op;
   d["requested_mode"] = mode.has_value() ? py::cast(*mode) : py::none();

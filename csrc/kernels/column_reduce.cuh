@@ -1,5 +1,6 @@
 // Second stage of the norm backward: sums the (parts x cols) fp32 partial
-// rows written by the persistent backward kernel into one row of W.
+// rows written by the persistent backward kernel into one row of W (dW and
+// dB together: gridDim.y is the number of outputs).
 //
 // Invariants:
 // - Block is 32 x kSplit threads. Thread (tx, ty) sums parts ty, ty + kSplit,
@@ -18,11 +19,12 @@ constexpr int kColumnReduceSplit = 16;
 template <typename W>
 __global__ void __launch_bounds__(32 * kColumnReduceSplit) column_reduce(const ColumnReduceParams p) {
   __shared__ float part[kColumnReduceSplit][33];
+  const float* partial = p.partial[blockIdx.y];
   const int col = blockIdx.x * 32 + threadIdx.x;
   float s = 0.f;
   if (col < p.cols) {
 #pragma unroll 8
-    for (int r = threadIdx.y; r < p.parts; r += kColumnReduceSplit) s += p.partial[1LL * r * p.cols + col];
+    for (int r = threadIdx.y; r < p.parts; r += kColumnReduceSplit) s += partial[1LL * r * p.cols + col];
   }
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -30,7 +32,7 @@ __global__ void __launch_bounds__(32 * kColumnReduceSplit) column_reduce(const C
     float t = part[0][threadIdx.x];
 #pragma unroll
     for (int k = 1; k < kColumnReduceSplit; ++k) t += part[k][threadIdx.x];
-    static_cast<W*>(p.out)[col] = from_float<W>(t);
+    static_cast<W*>(p.out[blockIdx.y])[col] = from_float<W>(t);
   }
 }
 

@@ -7,9 +7,10 @@
 // - The forward redispatches below autograd, so the same code serves CUDA,
 //   CPU and fake tensors (torch.compile traces through it).
 // - Statistics outputs (rstd, mean) are non-differentiable; an incoming
-//   gradient for them is ignored.
+//   gradient for them is ignored, and none is materialised.
 // - The weight's gradient is computed only when the weight requires it.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -44,6 +45,10 @@ c10::TypedOperatorHandle<Sig> op(const char* name) {
 // needs_input_grad counts tensor arguments only (optional ones included).
 constexpr size_t kRmsWeightEdge = 1, kAddRmsWeightEdge = 2, kLnWeightEdge = 1, kLnBiasEdge = 2;
 
+// Gradients are not materialised (that would launch a fill for every unused
+// statistics output): an unused y arrives undefined and counts as zeros.
+Tensor grad_or_zeros(const Tensor& g, const Tensor& like) { return g.defined() ? g : at::zeros_like(like); }
+
 std::optional<Tensor> opt(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
 
 class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
@@ -54,6 +59,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto fwd = op<RmsFwd>("rtcnorm::rms_norm");
     auto [y, rstd] = fwd.call(input, normalized_shape, weight, eps, mode, zero_centered);
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({input, weight.value_or(Tensor()), rstd});
     ctx->saved_data["shape"] = normalized_shape.vec();
     ctx->saved_data["zc"] = zero_centered;
@@ -65,7 +71,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kRmsWeightEdge);
-    auto [dx, dw] = bwd.call(grads[0], saved[0], saved[2], opt(saved[1]), shape, ctx->saved_data["zc"].toBool(),
+    auto [dx, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape, ctx->saved_data["zc"].toBool(),
                              want_w, std::nullopt);
     return {dx, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -79,6 +85,7 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto fwd = op<AddRmsFwd>("rtcnorm::add_rms_norm");
     auto [y, h, rstd] = fwd.call(input, residual, normalized_shape, weight, eps, mode, zero_centered);
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({h, weight.value_or(Tensor()), rstd});
     ctx->saved_data["shape"] = normalized_shape.vec();
     ctx->saved_data["zc"] = zero_centered;
@@ -90,7 +97,7 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kAddRmsWeightEdge);
-    auto [dh, dw] = bwd.call(grads[0], saved[0], saved[2], opt(saved[1]), shape, ctx->saved_data["zc"].toBool(),
+    auto [dh, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape, ctx->saved_data["zc"].toBool(),
                              want_w, opt(grads[1]));
     return {dh, dh, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -104,6 +111,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto fwd = op<LnFwd>("rtcnorm::layer_norm");
     auto [y, mean, rstd] = fwd.call(input, normalized_shape, weight, bias, eps, mode, zero_centered);
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
     ctx->saved_data["shape"] = normalized_shape.vec();
     ctx->saved_data["zc"] = zero_centered;
@@ -116,7 +124,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kLnWeightEdge);
     const bool want_b = saved[2].defined() && ctx->needs_input_grad(kLnBiasEdge);
-    auto [dx, dw, db] = bwd.call(grads[0], saved[0], saved[3], saved[4], opt(saved[1]), opt(saved[2]), shape,
+    auto [dx, dw, db] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[3], saved[4], opt(saved[1]), opt(saved[2]), shape,
                                  ctx->saved_data["zc"].toBool(), want_w, want_b);
     return {dx, Tensor(), want_w ? dw : Tensor(), want_b ? db : Tensor(), Tensor(), Tensor(), Tensor()};
   }

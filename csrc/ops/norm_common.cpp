@@ -250,7 +250,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   NormBwdOutputs out;
   out.dx = at::empty(input.sizes(), input.options());
   out.dw = want_dw ? at::empty(weight->sizes(), weight->options()) : no_grad_placeholder(input);
-  out.db = want_db ? at::empty(bias->sizes(), bias->options()) : no_grad_placeholder(input);
+  if (kind == kLayerNorm) out.db = want_db ? at::empty(bias->sizes(), bias->options()) : no_grad_placeholder(input);
   if (d.rows == 0) {
     if (want_dw) out.dw.zero_();
     if (want_db) out.db.zero_();
@@ -312,13 +312,21 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   prm.row_blocks = plan.row_blocks;
   jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
 
-  for (auto [partial, result] : {std::pair<at::Tensor*, at::Tensor*>{&pw, &out.dw}, {&pb, &out.db}}) {
-    if (!partial->defined()) continue;
-    const jit::KernelKey rk = column_reduce_key(to_dtype(result->scalar_type()), info.arch);
+  if (want_dw || want_db) {
+    ColumnReduceParams rp{};
+    unsigned outputs = 0;
+    for (auto [partial, result] : {std::pair<at::Tensor*, at::Tensor*>{&pw, &out.dw}, {&pb, &out.db}}) {
+      if (!partial->defined()) continue;
+      rp.partial[outputs] = partial->data_ptr<float>();
+      rp.out[outputs] = result->data_ptr();
+      ++outputs;
+    }
+    rp.parts = static_cast<int>(grid);
+    rp.cols = static_cast<int>(d.hidden);
+    // dW and dB share a dtype (checked with the arguments).
+    const jit::KernelKey rk = column_reduce_key(p.wdtype, info.arch);
     const jit::LoadedKernel& rkern = jit::get_kernel(rk, dev, stream, 0);
-    ColumnReduceParams rp{partial->data_ptr<float>(), result->data_ptr(), static_cast<int>(grid),
-                          static_cast<int>(d.hidden)};
-    jit::launch(rkern, static_cast<unsigned>((d.hidden + 31) / 32), 1, 32, 16, stream, &rp);
+    jit::launch(rkern, static_cast<unsigned>((d.hidden + 31) / 32), outputs, 32, 16, stream, &rp);
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 namespace rtcnorm {
@@ -36,6 +37,28 @@ int min_blocks_for(int threads, int requested) { return std::max(1, std::min(req
 
 const KernelFamily* fwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormFwd : &kLayerNormFwd; }
 const KernelFamily* bwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwd : &kLayerNormBwd; }
+
+// Threads per row for `nvec` vectors at about nv_target vectors per thread.
+// Up to a warp: a power of two (groups reduce with in-warp butterflies).
+// Beyond: any multiple of 32 (warps reduce through shared memory), picking the
+// vectors per thread in [nv_target / 2, nv_target] that leaves the fewest idle
+// slots, so N = 5120 or 7168 does not idle half of a power-of-two CTA.
+int choose_tpr(int64_t nvec, int nv_target) {
+  const int64_t want = ceil_div(nvec, nv_target);
+  if (want <= 32) return pow2_ceil(want);
+  if (want >= 1024) return 1024;
+  int best = 0;
+  int64_t best_waste = -1;
+  for (int nv = nv_target; nv >= std::max(1, nv_target / 2); --nv) {
+    const int64_t t = std::min<int64_t>(1024, ceil_div(ceil_div(nvec, nv), 32) * 32);
+    const int64_t waste = t * ceil_div(nvec, t) - nvec;
+    if (best_waste < 0 || waste < best_waste) {
+      best = static_cast<int>(t);
+      best_waste = waste;
+    }
+  }
+  return best;
+}
 
 int choose_vec(const NormProblem& p) {
   int vec = 16 / jit::element_size(p.dtype);
@@ -98,9 +121,30 @@ NormTuning& norm_tuning() {
   return t;
 }
 
+// Collects the human-readable reason for a plan only when asked (explain);
+// launches pass no sink, so the hot path builds no strings.
+class Reason {
+ public:
+  explicit Reason(std::string* sink) : sink_(sink) {
+    if (sink_) os_.emplace();
+  }
+  void finish() {
+    if (sink_) *sink_ = os_->str();
+  }
+  template <typename T>
+  Reason& operator<<(const T& v) {
+    if (os_) *os_ << v;
+    return *this;
+  }
+
+ private:
+  std::string* sink_;
+  std::optional<std::ostringstream> os_;
+};
+
 static int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
 
-NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch) {
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
   const int64_t kNarrowRow = t.narrow_row > 0 ? t.narrow_row : 512;
   const bool narrow = p.hidden <= kNarrowRow;
@@ -113,13 +157,13 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const int esize = jit::element_size(p.dtype);
   const int vec = choose_vec(p);
   const int64_t nvec = p.hidden / vec;
-  const int tpr = std::min(1024, pow2_ceil(ceil_div(nvec, kFwdVecsTarget)));
+  const int tpr = choose_tpr(nvec, kFwdVecsTarget);
   const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
   const bool fits = int64_t(nv_row) * vec * esize <= kFwdCacheBytes;
   const int rows = std::max(1, pick(t.fwd_cta_threads, narrow ? 256 : 128) / tpr);
   plan.row_blocks = ceil_div(p.rows, rows);
 
-  std::ostringstream why;
+  Reason why(explain ? &plan.reason : nullptr);
   NormMode mode = requested;
   if (mode == NormMode::kAuto) {
     if (!fits) {
@@ -164,12 +208,12 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << (plan.persistent ? "; grid = SMs x occupancy" : "; grid = one CTA per row block")
       << (keep ? "; gamma kept in registers" : "");
-  (void)sm_count;
-  plan.reason = why.str();
+  why.finish();
   return plan;
 }
 
-NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
+                          bool explain) {
   const NormTuning& t = norm_tuning();
   const bool narrow = p.hidden <= (t.narrow_row > 0 ? t.narrow_row : 512);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
@@ -180,7 +224,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const int vec = choose_vec(p);
   const int64_t nvec = p.hidden / vec;
   const int nv_target = std::max(1, kBwdCacheElems / vec);
-  const int tpr = std::min(1024, pow2_ceil(ceil_div(nvec, nv_target)));
+  const int tpr = choose_tpr(nvec, nv_target);
   const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
   // At 1024 threads a thread has 64 registers: LayerNorm's two accumulator
   // sets spill there, so LayerNorm caches only up to 512 threads per row.
@@ -202,12 +246,12 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
             (want_db ? kWantDb : 0u);
   k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.bwd_min_blocks, 1)));
   plan.key = k;
-  std::ostringstream why;
+  Reason why(explain ? &plan.reason : nullptr);
   why << (plan.cached ? "x and dy kept in registers, dW partials in registers"
                       : "row streamed twice, dW partials accumulated in the CTA's own partial row")
       << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << "; grid = SMs x occupancy, one fp32 partial row per CTA";
-  plan.reason = why.str();
+  why.finish();
   return plan;
 }
 

@@ -51,8 +51,11 @@ struct NormBwdPlan {
   std::string reason;
 };
 
-NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch);
-NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch);
+// `explain` fills the plans' reason text; launches leave it off (no strings
+// are built on the hot path).
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false);
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
+                          bool explain = false);
 jit::KernelKey column_reduce_key(jit::DType out, int arch);
 
 // Persistent grid: every SM full at the kernel's occupancy, never more CTAs

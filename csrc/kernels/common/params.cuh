@@ -67,9 +67,10 @@ struct NormBwdParams {
   long long row_blocks;
 };
 
+// Up to two (partial, out) pairs reduced by one launch; blockIdx.y picks one.
 struct ColumnReduceParams {
-  const float* partial;  // parts x cols, row-major
-  void* out;             // cols
+  const float* partial[2];  // parts x cols, row-major
+  void* out[2];             // cols
   int parts;
   int cols;
 };
