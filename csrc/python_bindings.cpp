@@ -162,6 +162,8 @@ PYBIND11_MODULE(_C, m) {
     d["bwd_cta_threads"] = t.bwd_cta_threads;
     d["bwd_min_blocks"] = t.bwd_min_blocks;
     d["narrow_row"] = t.narrow_row;
+    d["fwd_hints"] = t.fwd_hints;
+    d["bwd_hints"] = t.bwd_hints;
     return d;
   });
   m.def("_set_norm_tuning", [](const py::dict& d) {
@@ -169,7 +171,7 @@ PYBIND11_MODULE(_C, m) {
     for (auto [k, v] : d) {
       const std::string key = py::cast<std::string>(k);
       const int64_t val = py::cast<int64_t>(v);
-      if (val < 1) throw py::value_error("rtcnorm._tuning: " + key + " must be >= 1");
+      if (val < 0) throw py::value_error("rtcnorm._tuning: " + key + " must be >= 0 (0: the planner's rule)");
       if (key == "fwd_vecs_target") t.fwd_vecs_target = int(val);
       else if (key == "fwd_cta_threads") t.fwd_cta_threads = int(std::min<int64_t>(val, 1024));
       else if (key == "fwd_cache_bytes") t.fwd_cache_bytes = int(val);
@@ -179,6 +181,8 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "bwd_cta_threads") t.bwd_cta_threads = int(std::min<int64_t>(val, 1024));
       else if (key == "bwd_min_blocks") t.bwd_min_blocks = int(val);
       else if (key == "narrow_row") t.narrow_row = val;
+      else if (key == "fwd_hints") t.fwd_hints = int(std::min<int64_t>(val, 4));
+      else if (key == "bwd_hints") t.bwd_hints = int(std::min<int64_t>(val, 4));
       else throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
     }
   });

@@ -140,12 +140,14 @@ DeviceSlot& slot(int device) {
   return s;
 }
 
-// torch runs on each device's primary context; make it current for this thread.
-void make_current(const DeviceSlot& s) {
+// torch runs on each device's primary context, but a thread torch never
+// touched through the runtime (the autograd engine's worker, a user thread)
+// may have no current context, and every driver call below needs one.
+void make_current(CUcontext ctx) {
   const DriverApi& d = driver();
   CUcontext cur = nullptr;
   check_cu(d.cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
-  if (cur != s.ctx) check_cu(d.cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
+  if (cur != ctx) check_cu(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
 }  // namespace
@@ -175,6 +177,7 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
   }
   g_stats.memory_misses++;
   const DriverApi& d = driver();
+  make_current(s.ctx);
   int capture = kStreamCaptureStatusNone;
   check_cu(d.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
   TORCH_CHECK(capture == kStreamCaptureStatusNone, "rtcnorm: kernel ", key.describe(),
@@ -189,11 +192,12 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
   std::unique_lock<std::shared_mutex> lock(s.mutex);
   auto it = s.kernels.find(key);
   if (it != s.kernels.end()) return it->second;
-  make_current(s);
+  make_current(s.ctx);
   const auto t0 = Clock::now();
   CUmodule mod = nullptr;
   check_cu(d.cuModuleLoadData(&mod, image->image.data()), "cuModuleLoadData");
   LoadedKernel k;
+  k.ctx = s.ctx;
   check_cu(d.cuModuleGetFunction(&k.fn, mod, image->lowered_name.c_str()), "cuModuleGetFunction");
   k.threads = key.threads();
   k.smem = dyn_smem;
@@ -215,6 +219,7 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
 void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
             CUstream stream, void* params) {
   void* args[] = {params};
+  make_current(k.ctx);
   check_cu(driver().cuLaunchKernel(k.fn, grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(k.smem),
                                    stream, args, nullptr),
            "cuLaunchKernel");

@@ -99,6 +99,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr bool kDb = (FLAGS & kWantDb) != 0;
   constexpr bool kDh = (FLAGS & kGradDh) != 0;
   constexpr bool kEven = kVecs % kChunk == 0;
+  constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
+  constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr float kInvN = 1.f / static_cast<float>(N);
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(kCached || ROWS == 1, "streamed rows accumulate in global memory: one row per CTA");
@@ -143,8 +145,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
-        xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
-        dv[i] = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
+        xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
+        dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
       }
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -200,7 +202,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           out[j] = rstd * (wdy - c2 - xhat[j] * c1);
           if constexpr (kDh) out[j] += dhv[j];
         }
-        store<T, VEC>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
+        store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
         if constexpr (kCached) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {

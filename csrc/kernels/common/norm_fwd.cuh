@@ -125,6 +125,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kKeep = (FLAGS & kKeepGamma) != 0;
   constexpr bool kRes = (FLAGS & kResidual) != 0;
   constexpr bool kEven = kVecs % kChunk == 0;
+  constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
+  constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
@@ -164,14 +166,14 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         ok[i] = row_ok && (kEven || v < kVecs);
-        if (ok[i]) xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+        if (ok[i]) xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
       }
       if constexpr (kRes) {
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           if (!ok[i]) continue;
           const int v = c * kChunk + i * TPR + lane;
-          const PT rv = load_nc<T, VEC>(res, roff + 1LL * v * VEC);
+          const PT rv = load_nc<T, VEC, kPf>(res, roff + 1LL * v * VEC);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(to_float(xv[i].e[j]) + to_float(rv.e[j]));
           store<T, VEC>(h, yoff + 1LL * v * VEC, xv[i]);
@@ -218,7 +220,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         float out[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) out[j] = fmaf((to_float(xv.e[j]) - mean) * rstd, g[j], b[j]);
-        store<T, VEC>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
+        store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
       }
     }
   }

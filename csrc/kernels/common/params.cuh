@@ -31,6 +31,8 @@ enum NormFlags : unsigned {
   kGradDh = 1u << 6,        // backward: add an incoming gradient of h to dx
   kWantDw = 1u << 7,        // backward: write dW partial rows
   kWantDb = 1u << 8,        // backward: write dB partial rows
+  kL2Prefetch = 1u << 9,    // streamed loads ask L2 for the whole 256-byte block
+  kStreamStore = 1u << 10,  // outputs are stored evict-first (.cs): not re-read
 };
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };

@@ -80,14 +80,27 @@ __device__ __forceinline__ unsigned short ld_nc_stream(const unsigned short* p) 
   return r;
 }
 
-// Streamed input: read once, not kept in L1.
-template <typename T, int VEC>
+__device__ __forceinline__ uint4 ld_nc_prefetch(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+template <typename R>
+__device__ __forceinline__ R ld_nc_prefetch(const R* p) {
+  return ld_nc_stream(p);
+}
+
+// Streamed input: read once, not kept in L1. PREFETCH asks L2 to fetch the
+// surrounding 256-byte block with each 16-byte access (sm_80+ hint).
+template <typename T, int VEC, bool PREFETCH = false>
 __device__ __forceinline__ Pack<T, VEC> load_nc(const T* base, long long elem_offset) {
   using A = Access<Pack<T, VEC>>;
   typename A::View u;
   const auto* src = reinterpret_cast<const typename A::Raw*>(base + elem_offset);
 #pragma unroll
-  for (int k = 0; k < A::kCount; ++k) u.raw[k] = ld_nc_stream(src + k);
+  for (int k = 0; k < A::kCount; ++k) u.raw[k] = PREFETCH ? ld_nc_prefetch(src + k) : ld_nc_stream(src + k);
   return u.pack;
 }
 
@@ -112,14 +125,34 @@ __device__ __forceinline__ Pack<T, VEC> load_coherent(const T* base, long long e
   return u.pack;
 }
 
-template <typename T, int VEC>
+__device__ __forceinline__ void st_stream(uint4* p, uint4 v) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ void st_stream(uint2* p, uint2 v) {
+  asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void st_stream(unsigned* p, unsigned v) {
+  asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_stream(unsigned short* p, unsigned short v) {
+  asm volatile("st.global.cs.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+
+// STREAMING stores evict-first (.cs): for outputs this kernel never re-reads.
+template <typename T, int VEC, bool STREAMING = false>
 __device__ __forceinline__ void store(T* base, long long elem_offset, const Pack<T, VEC>& p) {
   using A = Access<Pack<T, VEC>>;
   typename A::View u;
   u.pack = p;
   auto* dst = reinterpret_cast<typename A::Raw*>(base + elem_offset);
 #pragma unroll
-  for (int k = 0; k < A::kCount; ++k) dst[k] = u.raw[k];
+  for (int k = 0; k < A::kCount; ++k) {
+    if constexpr (STREAMING)
+      st_stream(dst + k, u.raw[k]);
+    else
+      dst[k] = u.raw[k];
+  }
 }
 
 template <typename T, int VEC>
