@@ -163,7 +163,11 @@ def test_more_than_2_pow_31_elements(op, shape, poison):
     free, _ = torch.cuda.mem_get_info()
     if free < need:
         pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} free")
-    t = make(op, shape)
+    # Drawn in bf16 directly: a float64 draw of this size would need 17 GiB on its own.
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(shape[-1], dtype=torch.bfloat16, device="cuda") * 0.5 + 1
+    b = torch.randn_like(w) if op == "layer_norm" else None
+    t = {"x": x, "w": w, "b": b, "dy": torch.randn_like(x)}
     poison(2 * numel * 2)
     out = run(op, t)
     torch.cuda.synchronize()
