@@ -1,6 +1,7 @@
 // rtcnorm._C: loading this module registers the torch.ops.rtcnorm library
 // (static initializers in registration.cpp and ops/*.cpp) and exposes the JIT
 // administration API used by python/rtcnorm/jit.py and explain().
+#include <c10/core/DeviceGuard.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -87,6 +88,10 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   std::optional<c10::string_view> mv;
   if (mode.has_value()) mv = c10::string_view(mode->data(), mode->size());
   const NormMode requested = parse_mode(mv, op.c_str());
+  // Loading a kernel makes its device's context current; the guard gives the
+  // caller back its own current device.
+  std::optional<c10::DeviceGuard> guard;
+  if (device >= 0) guard.emplace(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
   if (device >= 0) {
     sm_count = jit::device_info(device).sm_count;
     arch = jit::device_info(device).arch;

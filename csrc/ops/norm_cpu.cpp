@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <limits>
 #include <vector>
 
 namespace rtcnorm {
@@ -35,7 +36,8 @@ NormFwdOutputs norm_forward_cpu(NormKind kind, const char* op, const at::Tensor&
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 double eps, bool zero_centered) {
   const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, residual);
-  TORCH_CHECK_VALUE(eps >= 0, "rtcnorm.", op, ": eps must be >= 0, got ", eps);
+  TORCH_CHECK_VALUE(eps >= 0 && eps < std::numeric_limits<double>::infinity(), "rtcnorm.", op,
+                    ": eps must be finite and >= 0, got ", eps);
   const at::ScalarType acc = stat_dtype(input);
   const auto dims = trailing_dims(input, d.lead);
   NormFwdOutputs out;

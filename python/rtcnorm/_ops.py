@@ -33,6 +33,16 @@ def _check_shape(op, input, normalized_shape):
     )
 
 
+def _check_devices(op, input, **tensors):
+    # The real implementations refuse mixed devices; without this check a
+    # meta (or fake) argument beside a real input would silently trace.
+    for name, t in tensors.items():
+        torch._check(
+            t is None or t.device == input.device,
+            lambda name=name, t=t: f"rtcnorm.{op}: {name} is on {t.device} but input is on {input.device}",
+        )
+
+
 # ---- fake implementations ---------------------------------------------------
 
 
@@ -40,6 +50,7 @@ def _check_shape(op, input, normalized_shape):
 def _rms_norm_fake(input, normalized_shape, weight=None, eps=None, mode=None, zero_centered_gamma=False):
     check_mode(mode, "rms_norm")
     _check_shape("rms_norm", input, normalized_shape)
+    _check_devices("rms_norm", input, weight=weight)
     lead = _lead_shape(input, normalized_shape)
     return _empty_like(input), input.new_empty(lead, dtype=_stat_dtype(input))
 
@@ -50,6 +61,7 @@ def _add_rms_norm_fake(
 ):
     check_mode(mode, "add_rms_norm")
     _check_shape("add_rms_norm", input, normalized_shape)
+    _check_devices("add_rms_norm", input, residual=residual, weight=weight)
     lead = _lead_shape(input, normalized_shape)
     return _empty_like(input), _empty_like(input), input.new_empty(lead, dtype=_stat_dtype(input))
 
@@ -58,6 +70,7 @@ def _add_rms_norm_fake(
 def _rms_norm_backward_fake(
     grad_out, input, rstd, weight, normalized_shape, zero_centered_gamma, weight_grad, grad_h=None
 ):
+    _check_devices("rms_norm_backward", input, grad_out=grad_out, rstd=rstd, weight=weight, grad_h=grad_h)
     dw = weight.new_empty(weight.shape) if (weight_grad and weight is not None) else input.new_empty((0,))
     return _empty_like(input), dw
 
@@ -68,6 +81,7 @@ def _layer_norm_fake(
 ):
     check_mode(mode, "layer_norm")
     _check_shape("layer_norm", input, normalized_shape)
+    _check_devices("layer_norm", input, weight=weight, bias=bias)
     lead = _lead_shape(input, normalized_shape)
     stat = input.new_empty(lead, dtype=_stat_dtype(input))
     return _empty_like(input), stat, input.new_empty(lead, dtype=_stat_dtype(input))
@@ -77,6 +91,7 @@ def _layer_norm_fake(
 def _layer_norm_backward_fake(
     grad_out, input, mean, rstd, weight, bias, normalized_shape, zero_centered_gamma, weight_grad, bias_grad
 ):
+    _check_devices("layer_norm_backward", input, grad_out=grad_out, mean=mean, rstd=rstd, weight=weight, bias=bias)
     dw = weight.new_empty(weight.shape) if (weight_grad and weight is not None) else input.new_empty((0,))
     db = bias.new_empty(bias.shape) if (bias_grad and bias is not None) else input.new_empty((0,))
     return _empty_like(input), dw, db

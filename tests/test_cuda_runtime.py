@@ -1,0 +1,178 @@
+"""How the norm kernels behave in a CUDA program: streams, CUDA graphs,
+several devices, bitwise-reproducible weight gradients and >2^31-element
+tensors. All tests here need a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import rtcnorm
+import torch
+from norm_checks import ln_inputs, rms_inputs
+from reference import assert_close, ref_layer_norm, ref_rms_norm
+
+pytestmark = pytest.mark.gpu
+OPS = torch.ops.rtcnorm
+NORM_OPS = ("rms_norm", "layer_norm")
+
+
+def make(op, shape, dtype=torch.bfloat16, device="cuda"):
+    """Inputs with weight (and bias) for `op`: a dict usable by run() and ref()."""
+    n = shape[-1]
+    if op == "rms_norm":
+        x, w, _, _ = rms_inputs(shape, [n], dtype, device, "weight")
+        return {"x": x, "w": w, "b": None, "dy": torch.randn_like(x)}
+    x, w, b, _ = ln_inputs(shape, [n], dtype, device, "weight_bias")
+    return {"x": x, "w": w, "b": b, "dy": torch.randn_like(x)}
+
+
+def run(op, t, mode=None):
+    """Forward then backward ops, called directly; returns {y, dx, dw[, db]}."""
+    n = t["x"].shape[-1]
+    if op == "rms_norm":
+        y, rstd = OPS.rms_norm(t["x"], [n], t["w"], None, mode, False)
+        dx, dw = OPS.rms_norm_backward(t["dy"], t["x"], rstd, t["w"], [n], False, True, None)
+        return {"y": y, "dx": dx, "dw": dw}
+    y, mean, rstd = OPS.layer_norm(t["x"], [n], t["w"], t["b"], 1e-5, mode, False)
+    dx, dw, db = OPS.layer_norm_backward(t["dy"], t["x"], mean, rstd, t["w"], t["b"], [n], False, True, True)
+    return {"y": y, "dx": dx, "dw": dw, "db": db}
+
+
+def ref(op, t):
+    n = t["x"].shape[-1]
+    if op == "rms_norm":
+        return ref_rms_norm(t["x"], [n], t["w"], dy=t["dy"])
+    return ref_layer_norm(t["x"], [n], t["w"], t["b"], dy=t["dy"])
+
+
+def check(op, got, expected, rows):
+    for name, value in got.items():
+        assert_close(value, expected[name], what=name, reduce_len=rows if name in ("dw", "db") else 1)
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_side_stream_orders_after_its_producer(op, poison):
+    t = make(op, (4097, 4096))
+    expected = ref(op, t)
+    poison(8 * t["x"].numel() * t["x"].element_size())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        # The side stream spins before it produces the input: an op launched
+        # on any other stream would read the input before it exists.
+        torch.cuda._sleep(200_000_000)
+        late = dict(t, x=t["x"] * 1, dy=t["dy"] * 1)
+        got = run(op, late)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    check(op, got, expected, 4097)
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_capturing_a_never_loaded_kernel_asks_for_warm_up(op):
+    run(op, make(op, (8, 256)))  # the device is initialised; only this test's kernels are new
+    n = {"rms_norm": 2344, "layer_norm": 2352}[op]  # row lengths no other test launches
+    t = make(op, (64, n))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match=r"(?i)warm up") as info:
+        with torch.cuda.graph(graph):
+            run(op, t, mode="multi_wave_cached")
+    assert "CUDA graph" in str(info.value)
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_graph_replays_after_warm_up(op):
+    t = make(op, (1000, 5120))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(op, t)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = run(op, t)
+    for _ in range(2):
+        fresh = make(op, (1000, 5120))
+        for k in ("x", "dy"):
+            t[k].copy_(fresh[k])
+        graph.replay()
+        torch.cuda.synchronize()
+        check(op, outputs, ref(op, t), 1000)
+
+
+@pytest.mark.parametrize("n", [128, 4096, 65536])
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_weight_grads_are_bitwise_reproducible(op, n):
+    t = make(op, (max(2049, (1 << 23) // n | 1), n))  # many rows per persistent CTA
+    first = run(op, t)
+    for _ in range(3):
+        again = run(op, t)
+        for name in first:
+            assert torch.equal(again[name], first[name]), name
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_a_kernel_loaded_on_one_device_is_loaded_again_for_another(op):
+    n = {"rms_norm": 2368, "layer_norm": 2376}[op]
+    t0 = make(op, (33, n), device="cuda:0")
+    run(op, t0)
+    torch.cuda.synchronize(0)
+    before = rtcnorm.jit.stats()
+    t1 = {k: (v.to("cuda:1") if v is not None else None) for k, v in t0.items()}
+    with torch.cuda.device(0):
+        got = run(op, t1)
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    after = rtcnorm.jit.stats()
+    assert after["module_loads"] > before["module_loads"]
+    assert after["compiles"] == before["compiles"]  # the image is shared; only the load is per device
+    # explain() loading a kernel on cuda:1 leaves the caller's current device alone.
+    with torch.cuda.device(0):
+        rtcnorm.explain(op, (33, n), mode="static_persistent", device="cuda:1")
+        assert torch.cuda.current_device() == 0
+    assert rtcnorm.jit.stats()["module_loads"] > after["module_loads"]
+    assert all(v.device == torch.device("cuda:1") for v in got.values())
+    check(op, got, ref(op, t1), 33)
+
+
+def _chunked_weight_grads(op, t, out, chunk=1 << 14):
+    """dW (and dB) in float64, summed over row chunks; checks dx of each chunk on the way."""
+    n = t["x"].shape[-1]
+    dw = torch.zeros(n, dtype=torch.float64, device=t["x"].device)
+    db = torch.zeros_like(dw)
+    for start in range(0, t["x"].shape[0], chunk):
+        part = {k: (v[start : start + chunk] if k in ("x", "dy") else v) for k, v in t.items()}
+        r = ref(op, part)
+        assert_close(out["y"][start : start + chunk], r["y"], what=f"y rows {start}+")
+        assert_close(out["dx"][start : start + chunk], r["dx"], what=f"dx rows {start}+")
+        dw += r["dw"]
+        if op == "layer_norm":
+            db += r["db"]
+    return dw, db
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(524289, 4096), (16777217, 128)], ids=["wide_rows", "narrow_rows"])
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_more_than_2_pow_31_elements(op, shape, poison):
+    numel = shape[0] * shape[1]
+    assert numel > 2**31
+    need = 5 * numel * 2 + (2 << 30)
+    free, _ = torch.cuda.mem_get_info()
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} free")
+    # Drawn in bf16 directly: a float64 draw of this size would need 17 GiB on its own.
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(shape[-1], dtype=torch.bfloat16, device="cuda") * 0.5 + 1
+    b = torch.randn_like(w) if op == "layer_norm" else None
+    t = {"x": x, "w": w, "b": b, "dy": torch.randn_like(x)}
+    poison(2 * numel * 2)
+    out = run(op, t)
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(out["y"]).all()) and bool(torch.isfinite(out["dx"]).all())
+    dw, db = _chunked_weight_grads(op, t, out)
+    assert_close(out["dw"], dw, what="dw", reduce_len=shape[0])
+    if op == "layer_norm":
+        assert_close(out["db"], db, what="db", reduce_len=shape[0])

@@ -1,0 +1,206 @@
+"""rtcnorm.RMSNorm / rtcnorm.LayerNorm as drop-ins for the torch modules,
+rtcnorm.explain, and torch.compile(fullgraph=True) through the ops."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import rtcnorm
+import torch
+from norm_checks import randn
+from reference import assert_close
+
+PAIRS = {"rms_norm": (torch.nn.RMSNorm, rtcnorm.RMSNorm), "layer_norm": (torch.nn.LayerNorm, rtcnorm.LayerNorm)}
+CONFIGS = {
+    "rms_norm": [dict(eps=None), dict(eps=1e-3), dict(elementwise_affine=False)],
+    "layer_norm": [dict(), dict(eps=1e-3, bias=False), dict(elementwise_affine=False)],
+}
+
+
+def _cases():
+    return [pytest.param(op, cfg, id=f"{op}-{cfg}") for op in PAIRS for cfg in CONFIGS[op]]
+
+
+def randomize(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(randn(p.shape, p.dtype, p.device, scale=0.5, shift=1.0))
+    return module
+
+
+@pytest.mark.parametrize(("op", "cfg"), _cases())
+def test_parameters_and_state_dict_interchange_with_torch(op, cfg):
+    torch_cls, ours_cls = PAIRS[op]
+    theirs, ours = randomize(torch_cls((6, 16), **cfg)), ours_cls((6, 16), **cfg)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    assert ours.normalized_shape == theirs.normalized_shape == (6, 16)
+    assert ours.eps == theirs.eps and ours.elementwise_affine == theirs.elementwise_affine
+    ours.load_state_dict(theirs.state_dict())
+    for (name, a), (_, b) in zip(ours.state_dict().items(), theirs.state_dict().items()):
+        assert torch.equal(a, b), name
+    randomize(ours)
+    theirs.load_state_dict(ours.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("op", "cfg"), _cases())
+def test_outputs_and_grads_match_torch_modules(op, cfg, dtype):
+    torch_cls, ours_cls = PAIRS[op]
+    theirs = randomize(torch_cls(64, dtype=dtype, **cfg))
+    ours = ours_cls.from_torch(theirs, mode="multi_wave_cached")
+    # The float64 twin of the torch module, with the eps the low-precision module uses.
+    twin = copy.deepcopy(theirs).double()
+    if twin.eps is None:
+        twin.eps = torch.finfo(dtype).eps
+    x = randn((3, 5, 64), dtype, "cpu").requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    y, ref = ours(x), twin(x64)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref.backward(dy.double())
+    assert_close(y, ref, what="y")
+    assert_close(x.grad, x64.grad, what="dx")
+    for (name, p), (_, q) in zip(ours.named_parameters(), twin.named_parameters()):
+        assert p.dtype == dtype
+        assert_close(p.grad, q.grad, what=f"d{name}", reduce_len=15)
+
+
+@pytest.mark.parametrize("op", list(PAIRS))
+def test_from_torch_copies_everything_and_repr_shows_the_mode(op):
+    torch_cls, ours_cls = PAIRS[op]
+    theirs = randomize(torch_cls(32, eps=1e-4, dtype=torch.bfloat16))
+    ours = ours_cls.from_torch(theirs, mode="static_persistent")
+    assert ours.eps == 1e-4 and ours.mode == "static_persistent"
+    assert ours.weight.dtype == torch.bfloat16 and torch.equal(ours.weight, theirs.weight)
+    assert ours.weight.data_ptr() != theirs.weight.data_ptr()
+    assert "mode=static_persistent" in repr(ours) and "eps=0.0001" in repr(ours)
+    assert "mode=None" in repr(ours_cls(32))
+    with pytest.raises(ValueError, match="mode must be None, 'static_persistent'"):
+        ours_cls(32, mode="persistent")
+
+
+def test_layer_norm_without_bias_and_without_affine():
+    assert rtcnorm.LayerNorm(8, bias=False).bias is None
+    plain = rtcnorm.LayerNorm(8, elementwise_affine=False)
+    assert plain.weight is None and plain.bias is None and not list(plain.parameters())
+    x = torch.randn(4, 8)
+    assert_close(plain(x), torch.nn.functional.layer_norm(x.double(), [8]), what="y")
+
+
+@pytest.mark.parametrize("op", list(PAIRS))
+def test_zero_centered_gamma_starts_at_identity_scale(op):
+    _, ours_cls = PAIRS[op]
+    zc, plain = ours_cls(48, zero_centered_gamma=True), ours_cls(48)
+    assert torch.equal(zc.weight, torch.zeros(48)) and torch.equal(plain.weight, torch.ones(48))
+    assert "zero_centered_gamma=True" in repr(zc)
+    x = torch.randn(5, 48)
+    assert torch.equal(zc(x), plain(x))
+
+
+def test_rms_norm_module_with_residual_returns_the_sum():
+    module = randomize(rtcnorm.RMSNorm(32))
+    x, r = torch.randn(4, 32), torch.randn(4, 32)
+    y, h = module(x, r)
+    assert torch.equal(h, x + r)
+    assert torch.equal(y, module(x + r))
+
+
+# ---- explain -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [128, 4096, 262144])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_explain_without_a_gpu(op, n):
+    plan = rtcnorm.explain(op, (2, 512, n), torch.bfloat16, device="cpu", sm_count=100, arch="sm_80")
+    assert plan["op"] == op and plan["requested_mode"] is None
+    assert plan["mode"] in rtcnorm.MODES and plan["reason"]
+    assert plan["sm_count"] == 100 and plan["arch"] == "sm_80"
+    assert plan["kernel"].startswith(f"rtcnorm::{op}_fwd<rtcnorm::bf16, rtcnorm::bf16, {n},")
+    assert plan["backward"]["kernel"].startswith(f"rtcnorm::{op}_bwd<") and plan["backward"]["reason"]
+    assert plan["block"] == plan["threads_per_row"] * plan["rows_per_cta"]
+    assert plan["row_blocks"] == -(-1024 // plan["rows_per_cta"])
+    # Documented in rtcnorm.MODES: rows past 65536 16-bit values never stay in registers.
+    if n > 65536:
+        assert not plan["cached_row"]
+    for mode in rtcnorm.MODES:
+        forced = rtcnorm.explain(op, (1024, n), torch.bfloat16, mode=mode, device="cpu")
+        assert forced["mode"] == mode and forced["requested_mode"] == mode
+        assert forced["persistent"] == (mode == "static_persistent")
+        assert forced["cached_row"] == (mode != "multi_wave_reload" and n <= 65536)
+
+
+def test_explain_describes_mixed_dtypes_and_flags():
+    plan = rtcnorm.explain("rms_norm", (64, 4096), torch.bfloat16, weight_dtype=torch.float32, device="cpu")
+    assert plan["kernel"].startswith("rtcnorm::rms_norm_fwd<rtcnorm::bf16, float, 4096,")
+    bare = rtcnorm.explain(
+        "layer_norm", (64, 6, 8), torch.float16, normalized_shape=[6, 8], elementwise_affine=False, device="cpu"
+    )
+    assert bare["kernel"].startswith("rtcnorm::layer_norm_fwd<rtcnorm::fp16, rtcnorm::fp16, 48,")
+
+
+def test_explain_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"mode must be None, 'static_persistent', 'multi_wave_reload' or"):
+        rtcnorm.explain("rms_norm", (4, 64), mode="fast")
+    with pytest.raises(ValueError, match=r"op must be one of \('rms_norm', 'layer_norm'\)"):
+        rtcnorm.explain("group_norm", (4, 64))
+    with pytest.raises(ValueError, match="normalized_shape"):
+        rtcnorm.explain("layer_norm", (4, 64), normalized_shape=[32])
+
+
+@pytest.mark.gpu
+def test_explain_on_a_gpu_reports_the_loaded_kernel():
+    plan = rtcnorm.explain("rms_norm", (8192, 4096), torch.bfloat16, mode="static_persistent")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert plan["sm_count"] == props.multi_processor_count
+    assert plan["blocks_per_sm"] >= 1 and plan["registers"] > 0
+    assert 1 <= plan["grid"] <= plan["sm_count"] * plan["blocks_per_sm"]
+
+
+# ---- torch.compile -------------------------------------------------------------
+
+
+class Block(torch.nn.Module):
+    def __init__(self, n, dtype, device, mode=None):
+        super().__init__()
+        self.pre = rtcnorm.RMSNorm(n, mode=mode, device=device, dtype=dtype)
+        self.proj = torch.nn.Linear(n, n, device=device, dtype=dtype)
+        self.post = rtcnorm.LayerNorm(n, mode=mode, device=device, dtype=dtype)
+
+    def forward(self, x, r):
+        y, h = self.pre(x, r)
+        return self.post(self.proj(y)) + h
+
+
+def _compile_matches_eager(device, dtype, backend, dynamic=False, shape=(4, 7, 64)):
+    block = randomize(Block(shape[-1], dtype, device))
+    compiled = torch.compile(block, fullgraph=True, backend=backend, dynamic=dynamic)
+    x = randn(shape, dtype, device).requires_grad_()
+    r = randn(shape, dtype, device)
+    got = compiled(x, r)
+    got.sum().backward()
+    grads = [x.grad] + [p.grad for p in block.parameters()]
+    x.grad = None
+    block.zero_grad()
+    expected = block(x, r)
+    expected.sum().backward()
+    assert_close(got, expected.double(), what="compiled y")
+    for g, e in zip(grads, [x.grad] + [p.grad for p in block.parameters()]):
+        assert_close(g, e.double(), what="compiled grad", reduce_len=shape[0] * shape[1])
+
+
+def test_compile_fullgraph_cpu_inductor():
+    _compile_matches_eager("cpu", torch.float32, "inductor")
+
+
+def test_compile_fullgraph_cpu_dynamic_shapes():
+    torch._dynamo.reset()
+    _compile_matches_eager("cpu", torch.float32, "aot_eager", dynamic=True, shape=(3, 5, 32))
+    _compile_matches_eager("cpu", torch.float32, "aot_eager", dynamic=True, shape=(2, 9, 32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compile_fullgraph_cuda_inductor(dtype):
+    _compile_matches_eager("cuda", dtype, "inductor", shape=(8, 33, 1024))

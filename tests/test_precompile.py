@@ -1,0 +1,166 @@
+"""Every RMSNorm / LayerNorm kernel variant compiles with NVRTC, with no GPU.
+
+The CI set is sized for two cores: every flag, dtype and mode for one row
+length on sm_90 (LayerNorm: bf16 only); every launch-plan class in float32, spread over sm_80, sm_90
+and sm_100; the bf16 RMSNorm kernels of the automatic mode on sm_80 and
+sm_100. ``--run-slow`` compiles the full cross product of row lengths,
+dtypes, modes and archs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import rtcnorm
+import torch
+
+ARCHS = ("sm_80", "sm_90", "sm_100")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ALL_MODES = (None, *rtcnorm.MODES)
+OPS = ("rms_norm", "layer_norm")
+
+# Flag bits of kernels/common/params.cuh.
+HAS_WEIGHT, HAS_BIAS, ZERO_CENTERED, RESIDUAL, CACHED_ROW, KEEP_GAMMA = 1, 2, 4, 8, 16, 32
+GRAD_DH, WANT_DW, WANT_DB = 64, 128, 256
+
+# One row length per launch-plan class besides multi-warp (N=4096 covers it),
+# each on one arch so that every arch sees several classes; all float32: the
+# fewest variants (no mixed weight dtype), so the cheapest compile.
+PLAN_CLASS_N = {
+    1: ("narrow", "sm_80"),  # one thread per row, many rows per CTA
+    7: ("narrow", "sm_100"),  # odd N: scalar access, two threads per row
+    512: ("warp", "sm_80"),  # one warp per row
+    2049: ("1024-thread", "sm_100"),  # scalar access, the row kept in registers
+    262144: ("streamed", "sm_90"),  # too wide for registers: read twice in chunks
+}
+# Without multi_wave_cached: for these N it equals None, or (narrow rows)
+# static_persistent without kept gamma, which the N=4096 test compiles.
+PLAN_CLASS_MODES = (None, "static_persistent", "multi_wave_reload")
+
+_NORM = re.compile(
+    r"^rtcnorm::(?P<kernel>\w+)<(?P<t>[\w:]+), (?P<w>[\w:]+), (?P<n>\d+), (?P<vec>\d+), (?P<tpr>\d+), "
+    r"(?P<rows>\d+), (?P<nv>\d+), (?P<flags>\d+)u> (?P<target>\S+) (?P<how>compiled|cached)$"
+)
+_REDUCE = re.compile(r"^rtcnorm::column_reduce<(?P<w>[\w:]+)> (?P<target>\S+) (?P<how>compiled|cached)$")
+TYPE_NAMES = {torch.float32: "float", torch.float16: "rtcnorm::fp16", torch.bfloat16: "rtcnorm::bf16"}
+
+
+def expected_target(arch: str) -> str:
+    """A cubin for an arch NVRTC knows, else PTX for the newest older one."""
+    number = int(arch.removeprefix("sm_"))
+    known = rtcnorm.jit.nvrtc_info()["archs"]
+    if number in known:
+        return arch
+    return f"compute_{max(a for a in known if a < number)}"
+
+
+def parse(lines, arch):
+    """Checks every line's form and target; returns the parsed norm kernels."""
+    kernels = []
+    for line in lines:
+        m = _NORM.match(line) or _REDUCE.match(line)
+        assert m, f"unexpected precompile line: {line!r}"
+        assert m["target"] == expected_target(arch), line
+        if "kernel" in m.groupdict():
+            kernels.append({k: (int(v) if v.isdigit() else v) for k, v in m.groupdict().items()})
+    return kernels
+
+
+def plan_class(k) -> str:
+    n_vecs = k["n"] // k["vec"]
+    if not k["flags"] & CACHED_ROW and n_vecs > k["tpr"] * k["nv"]:
+        return "streamed"
+    if k["tpr"] < 32:
+        return "narrow"
+    if k["tpr"] == 32:
+        return "warp"
+    return "1024-thread" if k["tpr"] == 1024 else "multi-warp"
+
+
+def compile_variants(op, ns, dtypes, modes, arch):
+    lines = rtcnorm.jit.precompile(op, hidden_sizes=ns, dtypes=dtypes, modes=modes, archs=[arch])
+    assert lines, "precompile returned no kernels"
+    kernels = parse(lines, arch)
+    norm_names = [ln.rsplit(" ", 2)[0] for ln in lines if not ln.startswith("rtcnorm::column_reduce<")]
+    assert len(set(norm_names)) == len(norm_names), "a kernel was listed twice"
+    reducers = [ln for ln in lines if ln.startswith("rtcnorm::column_reduce<")]
+    # dW/dB reducers for the input dtype, and for float32 weights beside 16-bit input.
+    assert {ln.split(">")[0] for ln in reducers} == {
+        f"rtcnorm::column_reduce<{TYPE_NAMES[w]}" for d in dtypes for w in {d, torch.float32}
+    }
+    return kernels
+
+
+def check_flag_coverage(op, kernels, dtypes):
+    fwd = [k for k in kernels if k["kernel"] == f"{op}_fwd"]
+    bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]
+    assert fwd and bwd
+    fwd_flags = {k["flags"] & (HAS_WEIGHT | HAS_BIAS | ZERO_CENTERED | RESIDUAL) for k in fwd}
+    bwd_flags = {k["flags"] & (HAS_WEIGHT | ZERO_CENTERED | GRAD_DH | WANT_DW | WANT_DB) for k in bwd}
+    if op == "rms_norm":
+        assert fwd_flags == {0, HAS_WEIGHT, HAS_WEIGHT | ZERO_CENTERED} | {
+            f | RESIDUAL for f in (0, HAS_WEIGHT, HAS_WEIGHT | ZERO_CENTERED)
+        }
+        assert {HAS_WEIGHT | WANT_DW, HAS_WEIGHT | WANT_DW | GRAD_DH, GRAD_DH, 0} <= bwd_flags
+    else:
+        assert {0, HAS_WEIGHT, HAS_BIAS, HAS_WEIGHT | HAS_BIAS, HAS_WEIGHT | HAS_BIAS | ZERO_CENTERED} <= fwd_flags
+        assert not any(f & RESIDUAL for f in fwd_flags)
+        assert {0, WANT_DW | HAS_WEIGHT, WANT_DB, WANT_DW | WANT_DB | HAS_WEIGHT} <= bwd_flags
+    for d in dtypes:
+        types = {(k["t"], k["w"]) for k in fwd if k["t"] == TYPE_NAMES[d]}
+        assert types == {(TYPE_NAMES[d], TYPE_NAMES[w]) for w in {d, torch.float32}}, d
+
+
+# LayerNorm shares the kernel bodies and the dtype handling with RMSNorm, so
+# one 16-bit type (with its float32-weight twins) is enough for it here.
+@pytest.mark.parametrize(
+    ("op", "dtypes"), [("rms_norm", DTYPES), ("layer_norm", (torch.bfloat16,))], ids=["rms_norm", "layer_norm"]
+)
+def test_every_flag_dtype_and_mode_compiles_for_sm_90(op, dtypes):
+    kernels = compile_variants(op, [4096], dtypes, ALL_MODES, "sm_90")
+    check_flag_coverage(op, kernels, dtypes)
+    fwd = [k for k in kernels if k["kernel"].endswith("_fwd")]
+    assert {plan_class(k) for k in fwd} == {"multi-warp"}
+    assert any(k["flags"] & KEEP_GAMMA for k in fwd), "static_persistent keeps gamma in registers"
+    assert any(k["flags"] & CACHED_ROW for k in fwd) and any(not k["flags"] & CACHED_ROW for k in fwd)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_plan_class_compiles_on_every_arch(op):
+    for n, (expected, arch) in PLAN_CLASS_N.items():
+        kernels = compile_variants(op, [n], [torch.float32], PLAN_CLASS_MODES, arch)
+        check_flag_coverage(op, kernels, [torch.float32])
+        assert {k["n"] for k in kernels} == {n}
+        fwd = [k for k in kernels if k["kernel"].endswith("_fwd")]
+        assert {plan_class(k) for k in fwd if k["flags"] & CACHED_ROW or expected == "streamed"} == {expected}, n
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_100"])
+def test_bf16_kernels_compile_on_other_archs(arch):
+    kernels = compile_variants("rms_norm", [4096], [torch.bfloat16], [None], arch)
+    check_flag_coverage("rms_norm", kernels, [torch.bfloat16])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("op", OPS)
+def test_full_cross_product_compiles(op, arch):
+    ns = [1, 7, 127, 128, 512, 1000, 3584, 4096, 4097, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
+    kernels = compile_variants(op, ns, DTYPES, ALL_MODES, arch)
+    check_flag_coverage(op, kernels, DTYPES)
+
+
+def test_precompile_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="mode must be None or one of"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], modes=["fastest"])
+    with pytest.raises(ValueError, match=r"unknown op 'softmax_typo'.*layer_norm.*rms_norm"):
+        rtcnorm.jit.precompile("softmax_typo", hidden_sizes=[64])
+    with pytest.raises(ValueError, match="arch must look like 'sm_90'"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], archs=["hopper"])
+    with pytest.raises(RuntimeError, match="sm_70 is not supported"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], dtypes=[torch.float32], archs=["sm_70"])
+    with pytest.raises(ValueError, match="hidden sizes must be >= 1"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[0])
+    with pytest.raises(TypeError, match="dtype must be"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], dtypes=[torch.float64])
