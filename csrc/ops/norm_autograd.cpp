@@ -42,8 +42,9 @@ c10::TypedOperatorHandle<Sig> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
-// needs_input_grad counts tensor arguments only (optional ones included).
-constexpr size_t kRmsWeightEdge = 1, kAddRmsWeightEdge = 2, kLnWeightEdge = 1, kLnBiasEdge = 2;
+// needs_input_grad counts the tensor arguments that were given: an absent
+// optional weight shifts the bias down by one.
+constexpr size_t kRmsWeightEdge = 1, kAddRmsWeightEdge = 2, kLnWeightEdge = 1;
 
 // Gradients are not materialised (that would launch a fill for every unused
 // statistics output): an unused y arrives undefined and counts as zeros.
@@ -123,7 +124,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kLnWeightEdge);
-    const bool want_b = saved[2].defined() && ctx->needs_input_grad(kLnBiasEdge);
+    const bool want_b = saved[2].defined() && ctx->needs_input_grad(saved[1].defined() ? 2 : 1);
     auto [dx, dw, db] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[3], saved[4], opt(saved[1]), opt(saved[2]), shape,
                                  ctx->saved_data["zc"].toBool(), want_w, want_b);
     return {dx, Tensor(), want_w ? dw : Tensor(), want_b ? db : Tensor(), Tensor(), Tensor(), Tensor()};
