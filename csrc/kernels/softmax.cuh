@@ -166,13 +166,17 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
         if (v >= nstore) continue;
         PT out = zero_pack<T, VEC>();
         if (v < r.nload) {
-          float z[VEC];
-          logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, z);
+          float t[VEC];
+          if constexpr (kKeepExp) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float t = kKeepExp ? e[i][j] : fast_exp2(z[j] - base);
-            out.e[j] = from_float<T>(t * f);
+            for (int j = 0; j < VEC; ++j) t[j] = e[i][j];
+          } else {
+            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, t);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) t[j] = fast_exp2(t[j] - base);
           }
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(t[j] * f);
         }
         store<T, VEC>(y, yoff + 1LL * v * VEC, out);
       }
