@@ -12,6 +12,7 @@
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
 #include "ops/norm_plan.h"
+#include "ops/softmax.h"
 #include "ops/softmax_plan.h"
 #include "ops/variants.h"
 
@@ -134,13 +135,13 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
   p.rows = rows;
   p.cols = cols;
   p.max_vec = 16;
-  if (op == "scaled_masked_softmax") {
-    p.kind = kSoftmaxMasked;
-  } else if (op == "scaled_upper_triang_masked_softmax" || op == "scaled_aligned_causal_masked_softmax") {
-    p.kind = kSoftmaxCausal;
-  } else if (op != "scaled_softmax") {
-    throw py::value_error("rtcnorm.softmax.explain: unknown op '" + op + "'");
+  bool known = false;
+  for (SoftmaxOp o : {SoftmaxOp::kScaled, SoftmaxOp::kMasked, SoftmaxOp::kUpperTriang, SoftmaxOp::kAlignedCausal}) {
+    if (op != softmax_op_name(o)) continue;
+    p.kind = softmax_kind(o);
+    known = true;
   }
+  if (!known) throw py::value_error("rtcnorm.softmax.explain: unknown op '" + op + "'");
   py::dict d;
   for (bool backward : {false, true}) {
     p.backward = backward;

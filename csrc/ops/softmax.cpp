@@ -246,19 +246,6 @@ at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at:
   return y;
 }
 
-at::Tensor scaled_softmax_cuda(const at::Tensor& input, double scale) {
-  return softmax_forward_cuda(SoftmaxOp::kScaled, input, nullptr, scale);
-}
-at::Tensor scaled_masked_softmax_cuda(const at::Tensor& input, const at::Tensor& mask, double scale) {
-  return softmax_forward_cuda(SoftmaxOp::kMasked, input, &mask, scale);
-}
-at::Tensor scaled_upper_triang_masked_softmax_cuda(const at::Tensor& input, double scale) {
-  return softmax_forward_cuda(SoftmaxOp::kUpperTriang, input, nullptr, scale);
-}
-at::Tensor scaled_aligned_causal_masked_softmax_cuda(const at::Tensor& input, double scale) {
-  return softmax_forward_cuda(SoftmaxOp::kAlignedCausal, input, nullptr, scale);
-}
-
 at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output, double scale,
                                         bool causal) {
   const char* name = "scaled_softmax_backward";
@@ -295,36 +282,32 @@ at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at:
   return dx;
 }
 
-// ---- CPU ----
+// The four forward ops, per device: unmasked ones take (input, scale).
+template <SoftmaxOp kOp, bool kCuda>
+at::Tensor forward_op(const at::Tensor& input, double scale) {
+  return (kCuda ? softmax_forward_cuda : softmax_forward_cpu)(kOp, input, nullptr, scale);
+}
 
-at::Tensor scaled_softmax_cpu(const at::Tensor& input, double scale) {
-  return softmax_forward_cpu(SoftmaxOp::kScaled, input, nullptr, scale);
-}
-at::Tensor scaled_masked_softmax_cpu(const at::Tensor& input, const at::Tensor& mask, double scale) {
-  return softmax_forward_cpu(SoftmaxOp::kMasked, input, &mask, scale);
-}
-at::Tensor scaled_upper_triang_masked_softmax_cpu(const at::Tensor& input, double scale) {
-  return softmax_forward_cpu(SoftmaxOp::kUpperTriang, input, nullptr, scale);
-}
-at::Tensor scaled_aligned_causal_masked_softmax_cpu(const at::Tensor& input, double scale) {
-  return softmax_forward_cpu(SoftmaxOp::kAlignedCausal, input, nullptr, scale);
+template <bool kCuda>
+at::Tensor masked_op(const at::Tensor& input, const at::Tensor& mask, double scale) {
+  return (kCuda ? softmax_forward_cuda : softmax_forward_cpu)(SoftmaxOp::kMasked, input, &mask, scale);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rtcnorm, CUDA, m) {
-  m.impl("scaled_softmax", &scaled_softmax_cuda);
-  m.impl("scaled_masked_softmax", &scaled_masked_softmax_cuda);
-  m.impl("scaled_upper_triang_masked_softmax", &scaled_upper_triang_masked_softmax_cuda);
-  m.impl("scaled_aligned_causal_masked_softmax", &scaled_aligned_causal_masked_softmax_cuda);
+  m.impl("scaled_softmax", &forward_op<SoftmaxOp::kScaled, true>);
+  m.impl("scaled_masked_softmax", &masked_op<true>);
+  m.impl("scaled_upper_triang_masked_softmax", &forward_op<SoftmaxOp::kUpperTriang, true>);
+  m.impl("scaled_aligned_causal_masked_softmax", &forward_op<SoftmaxOp::kAlignedCausal, true>);
   m.impl("scaled_softmax_backward", &scaled_softmax_backward_cuda);
 }
 
 TORCH_LIBRARY_IMPL(rtcnorm, CPU, m) {
-  m.impl("scaled_softmax", &scaled_softmax_cpu);
-  m.impl("scaled_masked_softmax", &scaled_masked_softmax_cpu);
-  m.impl("scaled_upper_triang_masked_softmax", &scaled_upper_triang_masked_softmax_cpu);
-  m.impl("scaled_aligned_causal_masked_softmax", &scaled_aligned_causal_masked_softmax_cpu);
+  m.impl("scaled_softmax", &forward_op<SoftmaxOp::kScaled, false>);
+  m.impl("scaled_masked_softmax", &masked_op<false>);
+  m.impl("scaled_upper_triang_masked_softmax", &forward_op<SoftmaxOp::kUpperTriang, false>);
+  m.impl("scaled_aligned_causal_masked_softmax", &forward_op<SoftmaxOp::kAlignedCausal, false>);
   m.impl("scaled_softmax_backward", &softmax_backward_cpu);
 }
 
