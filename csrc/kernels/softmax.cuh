@@ -47,12 +47,14 @@ struct SoftmaxBounds {
 // next to the registers 64 extra values would take).
 constexpr int kKeepExpElems = 16;
 
+// z_j = x_j * s2 - off in one rounding (so exp2(z) stays accurate for large
+// logits close to the max), or -inf where masked out or past len.
 template <int KIND, typename T, int VEC>
-__device__ __forceinline__ void logits(const Pack<T, VEC>& xv, unsigned mbits, int col, int len, float s2,
+__device__ __forceinline__ void logits(const Pack<T, VEC>& xv, unsigned mbits, int col, int len, float s2, float off,
                                        float (&z)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    float v = to_float(xv.e[j]) * s2;
+    float v = fmaf(to_float(xv.e[j]), s2, -off);
     if (KIND == kSoftmaxMasked && ((mbits >> j) & 1u) != 0) v = neg_inf();
     if (KIND == kSoftmaxCausal && col + j >= len) v = neg_inf();
     z[j] = v;
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
         const int v = i * TPR + lane;
         if (v >= r.nload) continue;
         float z[VEC];
-        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, z);
+        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
       }
@@ -151,10 +153,10 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
         const int v = i * TPR + lane;
         if (v >= r.nload) continue;
         float z[VEC];
-        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, z);
+        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float t = fast_exp2(z[j] - base);
+          const float t = fast_exp2(z[j]);
           s += t;
           if constexpr (kKeepExp) e[i][j] = t;
         }
@@ -171,9 +173,9 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
 #pragma unroll
             for (int j = 0; j < VEC; ++j) t[j] = e[i][j];
           } else {
-            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, t);
+            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, t);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) t[j] = fast_exp2(t[j] - base);
+            for (int j = 0; j < VEC; ++j) t[j] = fast_exp2(t[j]);
           }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(t[j] * f);
@@ -188,24 +190,28 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
         PT xv[NV];
         unsigned mw[kMaskWords];
         load_chunk(c, xv, mw);
-        float z[NV][VEC];
         float cm = neg_inf();
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           const int v = c * kChunk + i * TPR + lane;
+          if (v >= r.nload) continue;
+          float z[VEC];
+          logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) z[i][j] = neg_inf();
-          if (v < r.nload) logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, z[i]);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) cm = fmaxf(cm, z[i][j]);
+          for (int j = 0; j < VEC; ++j) cm = fmaxf(cm, z[j]);
         }
         const float mn = fmaxf(m, cm);
         if (mn == neg_inf()) continue;
         s *= fast_exp2(m - mn);
 #pragma unroll
-        for (int i = 0; i < NV; ++i)
+        for (int i = 0; i < NV; ++i) {
+          const int v = c * kChunk + i * TPR + lane;
+          if (v >= r.nload) continue;
+          float z[VEC];
+          logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, mn, z);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) s += fast_exp2(z[i][j] - mn);
+          for (int j = 0; j < VEC; ++j) s += fast_exp2(z[j]);
+        }
         m = mn;
       }
       const float f = row_factor(m, group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch));
@@ -222,9 +228,9 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
           PT out = zero_pack<T, VEC>();
           if (v < r.nload) {
             float z[VEC];
-            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, z);
+            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(fast_exp2(z[j] - base) * f);
+            for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(fast_exp2(z[j]) * f);
           }
           store<T, VEC>(y, yoff + 1LL * v * VEC, out);
         }
