@@ -1,4 +1,4 @@
-"""References and tolerances for the softmax family tests.
+"""References, tolerances and test-case helpers for the softmax family tests.
 
 The reference is ``torch.softmax`` on the fp32-upcast input (fp64 for fp64
 input) after ``masked_fill(hidden, -inf)``, with fully hidden rows set to 0
@@ -9,7 +9,18 @@ causal diagonal (the kernels never read it).
 
 from __future__ import annotations
 
+import rtcnorm
 import torch
+
+OPS = (
+    "scaled_softmax",
+    "scaled_masked_softmax",
+    "scaled_upper_triang_masked_softmax",
+    "scaled_aligned_causal_masked_softmax",
+)
+CAUSAL_OPS = OPS[2:]
+SKS = (1, 7, 100, 1000, 4097, 16385, 65536)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # dtype -> {"fwd": (rtol, atol_row), "bwd": (rtol, k)}.
 # Forward: |y - ref| <= rtol * |ref| + atol_row * max|ref| of the row, so long
@@ -93,3 +104,60 @@ def assert_backward_close(dx, dx_ref, y_ref, dy, scale: float, what: str = ""):
     step = subnormal_step(dx.dtype)
     tol = rtol * dx_ref.double().abs() + abs(scale) * dy_max * (k * y_ref.double().abs() + 2 * step) + step
     assert_within(dx, dx_ref, tol, what)
+
+
+# ---- test cases ---------------------------------------------------------------
+
+
+def random_input(shape, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 3).to(dtype).to(device)
+
+
+def random_mask(shape, device, seed, p=0.3):
+    g = torch.Generator().manual_seed(seed + 1)
+    return (torch.rand(shape, generator=g) < p).to(device)
+
+
+def default_shape(op, sk):
+    """A 4-D (b, h, sq, sk) input of modest size for each op and row length."""
+    if op == "scaled_upper_triang_masked_softmax":
+        sq = min(sk, 130)
+        return (1, 2, sq, sq)
+    sq = 3 if op == "scaled_aligned_causal_masked_softmax" else 5
+    return (2, 3, min(sq, sk), sk)
+
+
+def poison_next_alloc(t_like: torch.Tensor):
+    """Fill a freed block of t_like's size with 0xFF bytes (NaN in every float
+    dtype), so the op's output most likely lands on it: an element the kernel
+    fails to write stays NaN."""
+    if t_like.is_cuda:
+        torch.empty(t_like.numel() * t_like.element_size(), dtype=torch.uint8, device=t_like.device).fill_(0xFF)
+
+
+def call(op, x, mask=None, scale=1.0):
+    if op == "scaled_masked_softmax":
+        return getattr(rtcnorm, op)(x, mask, scale)
+    return getattr(rtcnorm, op)(x, scale)
+
+
+def check_op(op, x, mask=None, scale=0.37, seed=0):
+    """Forward, backward op and autograd of `op` on x against the reference."""
+    causal = op in CAUSAL_OPS
+    poison_next_alloc(x)
+    y = call(op, x, mask, scale)
+    y_ref = reference_softmax(x, scale, mask, causal)
+    assert y.dtype == x.dtype and y.is_contiguous()
+    assert_forward_close(y, y_ref, what=f"{op} forward {tuple(x.shape)} {x.dtype}")
+
+    dy = random_input(x.shape, x.dtype, x.device, seed + 7)
+    poison_next_alloc(x)
+    dx = torch.ops.rtcnorm.scaled_softmax_backward(dy, y, scale, causal)
+    dx_ref = reference_softmax_backward(dy, y_ref, scale, causal)
+    assert_backward_close(dx, dx_ref, y_ref, dy, scale, what=f"{op} backward {tuple(x.shape)} {x.dtype}")
+
+    xg = x.detach().clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(call(op, xg, mask, scale), xg, dy)
+    torch.testing.assert_close(gx, dx, rtol=0, atol=0)
+    return y
