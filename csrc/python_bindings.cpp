@@ -13,6 +13,8 @@
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
 #include "ops/norm_plan.h"
+#include "ops/softmax.h"
+#include "ops/softmax_plan.h"
 #include "ops/variants.h"
 
 namespace py = pybind11;
@@ -132,6 +134,42 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   return d;
 }
 
+py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch) {
+  SoftmaxProblem p;
+  p.dtype = parse_dtype(dtype);
+  p.rows = rows;
+  p.cols = cols;
+  p.max_vec = 16;
+  bool known = false;
+  for (SoftmaxOp o : {SoftmaxOp::kScaled, SoftmaxOp::kMasked, SoftmaxOp::kUpperTriang, SoftmaxOp::kAlignedCausal}) {
+    if (op != softmax_op_name(o)) continue;
+    p.kind = softmax_kind(o);
+    known = true;
+  }
+  if (!known) throw py::value_error("rtcnorm.softmax.explain: unknown op '" + op + "'");
+  py::dict d;
+  for (bool backward : {false, true}) {
+    p.backward = backward;
+    const SoftmaxPlan plan = plan_softmax(p, arch);
+    py::dict e;
+    e["kernel"] = plan.key.name_expression();
+    e["reason"] = describe_plan(p, plan);
+    e["cached_row"] = plan.cached;
+    e["vec"] = plan.key.vec;
+    e["threads_per_row"] = plan.key.threads_per_row;
+    e["rows_per_cta"] = plan.key.rows_per_cta;
+    e["vecs_per_thread"] = plan.key.vecs_per_thread;
+    e["block"] = plan.key.threads();
+    e["row_blocks"] = plan.row_blocks;
+    e["grid"] = plan.persistent ? py::cast("SMs x min(occupancy, " + std::to_string(kStreamCtasPerSm) + ")")
+                                : py::cast(plan.row_blocks);
+    d[backward ? "backward" : "forward"] = e;
+  }
+  d["op"] = op;
+  d["arch"] = "sm_" + std::to_string(arch);
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -191,4 +229,5 @@ PYBIND11_MODULE(_C, m) {
       else throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
     }
   });
+  m.def("explain_softmax", &explain_softmax);
 }

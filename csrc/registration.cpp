@@ -31,5 +31,15 @@ TORCH_LIBRARY(rtcnorm, m) {
       "-> (Tensor, Tensor, Tensor)");
 
   // ---- Softmax family ----
-  // (softmax schemas)
+  // softmax(scale * x) over the last dim, masked elements excluded (0 in the
+  // output); a row with nothing visible is all zeros. mask: bool, True =
+  // masked out, broadcastable to input. Causal ops take (..., sq, sk): query q
+  // sees keys j <= q + (sk - sq) (upper_triang: sq == sk; aligned: sq <= sk).
+  m.def("scaled_softmax(Tensor input, float scale=1.0) -> Tensor");
+  m.def("scaled_masked_softmax(Tensor input, Tensor mask, float scale=1.0) -> Tensor");
+  m.def("scaled_upper_triang_masked_softmax(Tensor input, float scale=1.0) -> Tensor");
+  m.def("scaled_aligned_causal_masked_softmax(Tensor input, float scale=1.0) -> Tensor");
+  // dx = scale * y * (dy - sum(dy * y)) from the forward's output y alone;
+  // causal: keys past the diagonal are not read and get dx = 0.
+  m.def("scaled_softmax_backward(Tensor grad_output, Tensor output, float scale, bool causal=False) -> Tensor");
 }

@@ -10,7 +10,6 @@
 #include "jit/kernel_cache.h"
 
 namespace rtcnorm {
-namespace {
 
 bool is_kernel_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
@@ -27,6 +26,8 @@ jit::DType to_dtype(at::ScalarType t) {
   }
 }
 
+namespace {
+
 void check_param(const char* op, const char* name, const at::Tensor& p, const at::Tensor& input,
                  at::IntArrayRef normalized_shape) {
   TORCH_CHECK_VALUE(p.sizes() == normalized_shape, "rtcnorm.", op, ": ", name, " must have shape ",
@@ -38,17 +39,21 @@ void check_param(const char* op, const char* name, const at::Tensor& p, const at
                    p.scalar_type());
 }
 
-// Widest access (elements) a base pointer allows for elements of esize bytes.
+}  // namespace
+
 int vec_for_ptr(const void* p, int esize, int vmax) {
   int v = vmax;
   while (v > 1 && reinterpret_cast<uintptr_t>(p) % std::min(16, v * esize) != 0) v /= 2;
   return v;
 }
+
 int vec_for_stride(int64_t stride, int vmax) {
   int v = vmax;
   while (v > 1 && stride % v != 0) v /= 2;
   return v;
 }
+
+namespace {
 
 // Describes rows of `t` (trailing `nd` dims normalized) without a copy when
 // its trailing block is contiguous and its leading dims collapse into at
@@ -84,6 +89,8 @@ bool row_map_of(const at::Tensor& t, int64_t lead, RowMap* m) {
   return true;
 }
 
+}  // namespace
+
 int check_device_arch(const at::Tensor& input, const char* op) {
   const int dev = input.get_device();
   const auto& info = jit::device_info(dev);
@@ -91,8 +98,6 @@ int check_device_arch(const at::Tensor& input, const char* op) {
               " is sm_", info.arch);
   return dev;
 }
-
-}  // namespace
 
 NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,

@@ -11,6 +11,17 @@
 
 namespace rtcnorm {
 
+// ---- shared by every op's CUDA path ----
+// float32, float16 and bfloat16: the element types kernels are built for.
+bool is_kernel_dtype(at::ScalarType t);
+jit::DType to_dtype(at::ScalarType t);
+// Widest access (elements, <= vmax) a base pointer allows for elements of esize bytes.
+int vec_for_ptr(const void* p, int esize, int vmax);
+// Widest access (elements, <= vmax) dividing an element stride.
+int vec_for_stride(int64_t stride, int vmax);
+// input's CUDA device index; throws naming `op` for a GPU older than sm_80.
+int check_device_arch(const at::Tensor& input, const char* op);
+
 struct NormDims {
   int64_t rows = 0;    // product of the leading dims
   int64_t hidden = 0;  // product of normalized_shape

@@ -11,21 +11,34 @@ from . import _nvrtc_paths
 
 _nvrtc_paths.register()
 
-from . import _C, _ops, jit  # noqa: E402
+from . import _C, _ops, _softmax_ops, jit, softmax  # noqa: E402
 from .functional import layer_norm, rms_norm  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
 from .modules import LayerNorm, RMSNorm  # noqa: E402
+from .softmax import (  # noqa: E402
+    FusedScaleMaskSoftmax,
+    scaled_aligned_causal_masked_softmax,
+    scaled_masked_softmax,
+    scaled_softmax,
+    scaled_upper_triang_masked_softmax,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MODES",
+    "FusedScaleMaskSoftmax",
     "LayerNorm",
     "RMSNorm",
     "explain",
     "jit",
     "layer_norm",
     "rms_norm",
+    "scaled_aligned_causal_masked_softmax",
+    "scaled_masked_softmax",
+    "scaled_softmax",
+    "scaled_upper_triang_masked_softmax",
+    "softmax",
 ]
 
-del _C, _ops
+del _C, _ops, _softmax_ops

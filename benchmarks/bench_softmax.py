@@ -1,0 +1,206 @@
+"""Softmax family benchmark: rtcnorm against torch eager, torch.compile, Apex and TransformerEngine.
+
+Shapes come from benchmarks/bench_shapes.json ("softmax": masked, causal,
+aligned_causal; B x H x Sq x Sk). Each row is timed side by side in one run:
+median of triton.testing.do_bench (or CUDA events) with L2 flushed.
+
+Bytes counted (the fewest the op must move):
+- masked forward: x + y + mask (the mask as stored: (B, 1, Sq, Sk) bool);
+- causal forward: x + y, as if the whole input were read, so a kernel that
+  skips the masked half can show more than copy bandwidth;
+- backward (through autograd: torch.autograd.grad(y, x, dy, retain_graph=True)):
+  y + dy + dx.
+"% copy" is against a device-to-device copy_ of the same byte count in this run.
+
+    python benchmarks/bench_softmax.py [--kinds masked,causal,aligned_causal] [--dtype bf16] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import rtcnorm  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+NEG_INF = float("-inf")
+
+
+# ---- implementations: each maps (kind, x, hidden, scale) to y, or raises ----------
+# `hidden` is the bool mask of excluded elements, built once outside the timed
+# region: the padding mask, or the (sq, sk) causal mask the torch peers need
+# (the fused kernels derive causality themselves and ignore it).
+
+
+def hidden_causal(sq, sk, device):
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).triu(sk - sq + 1)
+
+
+def torch_eager(kind, x, hidden, scale):
+    return torch.softmax((x * scale).masked_fill(hidden, NEG_INF), dim=-1)
+
+
+# Compiled per shape: bench_shape resets dynamo first, so every shape gets a
+# specialised graph and no shape falls back to eager at the recompile limit.
+_compiled = torch.compile(torch_eager, dynamic=False)
+
+
+def torch_compile(kind, x, hidden, scale):
+    return _compiled(kind, x, hidden, scale)
+
+
+def rtcnorm_impl(kind, x, mask, scale):
+    if kind == "masked":
+        return rtcnorm.scaled_masked_softmax(x, mask, scale)
+    if kind == "causal":
+        return rtcnorm.scaled_upper_triang_masked_softmax(x, scale)
+    return rtcnorm.scaled_aligned_causal_masked_softmax(x, scale)
+
+
+def _apex():
+    from apex.transformer.functional import fused_softmax as f
+
+    def run(kind, x, mask, scale):
+        if kind == "masked":
+            return f.ScaledMaskedSoftmax.apply(x, mask, scale)
+        if kind == "causal":
+            b, h, sq, sk = x.shape
+            return f.ScaledUpperTriangMaskedSoftmax.apply(x.view(-1, sq, sk), scale).view(b, h, sq, sk)
+        raise NotImplementedError("no aligned causal kernel")
+
+    return run
+
+
+def _te():
+    from transformer_engine.pytorch import softmax as f
+
+    def run(kind, x, mask, scale):
+        if kind == "masked":
+            return f.ScaledMaskedSoftmax.apply(x, mask, scale)
+        if kind == "causal":
+            b, h, sq, sk = x.shape
+            return f.ScaledUpperTriangMaskedSoftmax.apply(x.view(-1, sq, sk), scale).view(b, h, sq, sk)
+        return f.ScaledAlignedCausalMaskedSoftmax.apply(x, scale)
+
+    return run
+
+
+def implementations(with_peers: bool):
+    impls = {"rtcnorm": rtcnorm_impl}
+    if with_peers:
+        impls["torch"] = torch_eager
+        impls["compile"] = torch_compile
+        for name, make in (("apex", _apex), ("te", _te)):
+            try:
+                impls[name] = make()
+            except Exception as e:  # not installed, or built without the fused softmax
+                print(f"{name}: not available ({type(e).__name__}: {e})")
+    return impls
+
+
+# ---- measurement ------------------------------------------------------------------
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def measure(impl, kind, x, hidden, scale, dy, phase):
+    """(ms, kernel ms) of one implementation and phase; raises if it cannot run."""
+    if phase == "fwd":
+
+        def fn():
+            return impl(kind, x, hidden, scale)
+
+        fn()
+        return harness.bench(fn), harness.profiler_kernel_ms(fn)
+    xg = x.detach().requires_grad_(True)
+    y = impl(kind, xg, hidden, scale)
+
+    def fn():
+        return torch.autograd.grad(y, xg, dy, retain_graph=True)
+
+    fn()
+    return harness.bench(fn, grad=True), harness.profiler_kernel_ms(fn)
+
+
+def bench_shape(kind, shape, dtype, impls, phases, table):
+    b, h, sq, sk = shape
+    device = "cuda"
+    torch._dynamo.reset()
+    scale = 1.0 / 8.0
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(shape, device=device, dtype=dtype, generator=g)
+    dy = torch.randn(shape, device=device, dtype=dtype, generator=g)
+    if kind == "masked":
+        hidden = torch.rand((b, 1, sq, sk), device=device, generator=g) < 0.1
+    else:
+        hidden = hidden_causal(sq, sk, device)
+    elt = x.numel() * x.element_size()
+    nbytes = {"fwd": 2 * elt + (hidden.numel() if kind == "masked" else 0), "bwd": 3 * elt}
+    for phase in phases:
+        copy = harness.copy_gbps(nbytes[phase])
+        row = {"op": f"softmax_{kind}", "shape": "x".join(map(str, shape)), "phase": phase, "copy": round(copy)}
+        best_peer = 0.0
+        for name, impl in impls.items():
+            try:
+                ms, kernel_ms = measure(impl, kind, x, hidden, scale, dy, phase)
+            except Exception as e:  # a peer's size limit, NotImplementedError, or OOM
+                row[name] = "-"
+                print(f"  {name} {kind} {shape} {phase}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                gc.collect()
+                torch.cuda.empty_cache()
+                continue
+            rate = gbps(nbytes[phase], ms)
+            row[name] = round(rate)
+            if name == "rtcnorm":
+                row["rtcnorm %copy"] = round(100 * rate / copy, 1)
+                row["rtcnorm kernel"] = round(gbps(nbytes[phase], kernel_ms))
+            else:
+                best_peer = max(best_peer, rate)
+            gc.collect()
+            torch.cuda.empty_cache()
+        row["best peer"] = round(best_peer) if best_peer else "-"
+        if best_peer and isinstance(row.get("rtcnorm"), int):
+            row["vs best"] = f"{row['rtcnorm'] / best_peer:.2f}x"
+        table.add(row)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kinds", default="masked,causal,aligned_causal")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--phases", default="fwd,bwd")
+    p.add_argument("--quick", action="store_true", help="first two shapes of each kind")
+    p.add_argument("--no-peers", action="store_true", help="rtcnorm only")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_softmax: needs a CUDA GPU")
+
+    shapes = harness.load_shapes()["softmax"]
+    dtype = DTYPES[args.dtype]
+    impls = implementations(not args.no_peers)
+    phases = args.phases.split(",")
+    columns = ["op", "shape", "phase", "copy", "rtcnorm", "rtcnorm %copy", "rtcnorm kernel"]
+    columns += [n for n in impls if n != "rtcnorm"] + ["best peer", "vs best"]
+    table = harness.Table(f"Softmax family, {args.dtype}, {torch.cuda.get_device_name()} (GB/s)", columns)
+    for kind in args.kinds.split(","):
+        for shape in shapes[kind][: 2 if args.quick else None]:
+            bench_shape(kind, tuple(shape), dtype, impls, phases, table)
+    table.print()
+    table.save(f"softmax_{args.dtype}")
+    s = rtcnorm.jit.stats()
+    print(
+        f"JIT: {s['compiles']} compiles ({s['compile_ms']:.0f} ms), {s['disk_hits']} disk hits "
+        f"({s['disk_load_ms']:.0f} ms), {s['module_loads']} module loads ({s['module_load_ms']:.0f} ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+// Parameter blocks of the softmax kernels, shared by the host (C++) and the
+// device (NVRTC) code.
+//
+// Invariants:
+// - Plain structs of fixed-width members only, so host and device layouts
+//   agree; the host static_asserts the sizes. Each kernel takes its block by
+//   value as its only parameter.
+// - Row indices fit in 31 bits (the host refuses more rows), so every
+//   division of a row index is an unsigned 32-bit multiply-high (FastDiv).
+// - Nothing here is device code, so the host C++ build includes this file too.
+#pragma once
+
+namespace rtcnorm {
+
+// Division by a run-time constant d (1 <= d < 2^31) of numerators n < 2^31:
+//   n / d == (umulhi(n, mul) + n) >> shift
+// with shift = ceil(log2(d)) and mul = floor(2^32 * (2^shift - d) / d) + 1.
+// The sum cannot overflow 32 bits: umulhi(n, mul) < n < 2^31.
+struct FastDiv {
+  unsigned d;
+  unsigned mul;
+  unsigned shift;
+  unsigned pad_;
+};
+
+// Up to kMaxRowGroups strided groups of leading dims (innermost first) that
+// map a row index r to the element offset of the row's first element:
+//   r = i0 + size0 * (i1 + size1 * (i2 + ...)),  offset = sum_g i_g * stride[g].
+// The outermost group takes whatever is left of r, so it needs no size.
+// A stride of 0 reads one row for the whole group (a broadcast mask).
+constexpr int kMaxRowGroups = 4;
+struct RowIndex {
+  long long stride[kMaxRowGroups];
+  FastDiv size[kMaxRowGroups - 1];
+  int groups;  // 1 .. kMaxRowGroups
+  int pad_;
+};
+
+// What the forward kernel masks out.
+enum SoftmaxKind : int {
+  kSoftmaxPlain = 0,   // nothing
+  kSoftmaxMasked = 1,  // elements whose mask byte is nonzero
+  kSoftmaxCausal = 2,  // keys j > q + diag, for the row's query index q
+};
+
+struct SoftmaxFwdParams {
+  const void* x;
+  RowIndex x_rows;
+  const unsigned char* mask;  // kSoftmaxMasked: bool bytes, rows per mask_rows
+  RowIndex mask_rows;
+  void* y;           // contiguous rows x cols
+  FastDiv sq;        // kSoftmaxCausal: rows per (sq x sk) matrix; q = row % sq
+  int rows;          // < 2^31
+  int row_blocks;    // ceil(rows / rows per CTA)
+  int cols;          // sk: elements per row, a multiple of the kernel's VEC
+  int diag;          // kSoftmaxCausal: sk - sq (>= 0)
+  float scale_log2;  // scale * log2(e): exp(scale * x) == exp2(scale_log2 * x)
+  int pad_;
+};
+
+struct SoftmaxBwdParams {
+  const void* y;  // the forward's output: contiguous rows x cols
+  const void* dy;
+  RowIndex dy_rows;
+  void* dx;  // contiguous rows x cols
+  FastDiv sq;
+  int rows;
+  int row_blocks;
+  int cols;
+  int diag;  // causal: keys j > q + diag have y == 0 and get dx == 0 unread
+  float scale;
+  int pad_;
+};
+
+}  // namespace rtcnorm

@@ -1,0 +1,326 @@
+// Fused scaled (masked / causal) softmax over the last dim, forward and
+// backward:
+//   y  = softmax(scale * x), masked elements excluded (y = 0 there)
+//   dx = scale * y * (dy - sum(dy * y))
+//
+// Thread layout: a CTA of TPR * ROWS threads holds ROWS row groups; group g
+// owns row rb * ROWS + g of row block rb. Thread `lane` of a group owns the
+// VEC-wide vectors lane, lane + TPR, ... of its row, NV of them per chunk of
+// TPR * NV vectors.
+//
+// The row length `cols` is a run-time value: a kernel serves every row
+// length up to its capacity (CACHED: TPR * NV * VEC elements; streamed: any),
+// so a decode loop whose key length grows by one per step reuses a handful
+// of kernels instead of compiling one per length. Register arrays are still
+// sized and unrolled at compile time by NV.
+//
+// Invariants (the host's planner guarantees them; see ops/softmax_plan.cpp):
+// - cols % VEC == 0; x, dy and the mask are VEC-aligned at every row start
+//   (the mask in bytes); y, dx are contiguous rows x cols.
+// - CACHED: the row is one chunk (cols / VEC <= TPR * NV); it is read once
+//   into registers as raw T. Otherwise ROWS == 1 and the row is streamed:
+//   one online (max, sum) pass, then a second pass, in reverse chunk order
+//   so its first reads are the chunks the first pass touched last (most
+//   likely still in L2).
+// - The row-block loop is uniform across the CTA (rows past the end still
+//   take part in the barriers of group_allreduce).
+// - Causal rows never read past their last visible key: vectors wholly
+//   beyond it are neither loaded nor computed, only written as zeros; the
+//   one straddling it is loaded and its masked lanes set to -inf. The
+//   backward likewise reads neither y nor dy there.
+#pragma once
+
+#include "common/softmax_math.cuh"
+
+namespace rtcnorm {
+
+// Launch bounds reserve registers for 1024 resident threads per SM, so every
+// kernel stays at <= 64 registers per thread: a 512-thread CTA caching a
+// 64 KiB row then still fits twice on an SM.
+template <int THREADS>
+struct SoftmaxBounds {
+  static constexpr int kMinBlocks = THREADS >= 1024 ? 1 : 1024 / THREADS;
+};
+
+// Cached rows of at most this many elements per thread keep exp2(z - m) in
+// fp32 registers for the write pass; longer ones recompute it (MUFU is cheap
+// next to the registers 64 extra values would take).
+constexpr int kKeepExpElems = 16;
+
+// z_j = x_j * s2 - off in one rounding (so exp2(z) stays accurate for large
+// logits close to the max), or -inf where masked out or past len.
+template <int KIND, typename T, int VEC>
+__device__ __forceinline__ void logits(const Pack<T, VEC>& xv, unsigned mbits, int col, int len, float s2, float off,
+                                       float (&z)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    float v = fmaf(to_float(xv.e[j]), s2, -off);
+    if (KIND == kSoftmaxMasked && ((mbits >> j) & 1u) != 0) v = neg_inf();
+    if (KIND == kSoftmaxCausal && col + j >= len) v = neg_inf();
+    z[j] = v;
+  }
+}
+
+// exp2(m - M) / S: turns this thread's exp2(z - m) into probabilities. 0 for
+// a thread that saw no visible element, and for a fully masked row (S == 0).
+__device__ __forceinline__ float row_factor(float m, MaxSum tot) {
+  if (m == neg_inf() || !(tot.s > 0.f)) return 0.f;
+  return fast_exp2(m - tot.m) / tot.s;
+}
+
+// Row geometry shared by both directions: where the row lives and how many
+// of its vectors hold a visible element (a prefix for causal rows).
+struct SoftmaxRow {
+  unsigned row;
+  bool ok;
+  int len;    // visible elements: a prefix of the row
+  int nload;  // vectors holding at least one visible element
+};
+
+template <int VEC, int TPR, int ROWS, bool CAUSAL>
+__device__ __forceinline__ SoftmaxRow softmax_row(int rb, const FastDiv& sq, int rows, int cols, int diag) {
+  SoftmaxRow r;
+  r.row = static_cast<unsigned>(rb) * ROWS + threadIdx.x / TPR;
+  r.ok = r.row < static_cast<unsigned>(rows);
+  r.len = cols;
+  if (CAUSAL && r.ok) {
+    const int q = static_cast<int>(r.row - fast_div(sq, r.row) * sq.d);
+    r.len = min(cols, q + 1 + diag);
+  }
+  r.nload = r.ok ? (r.len + VEC - 1) / VEC : 0;
+  return r;
+}
+
+template <typename T, int VEC, int TPR, int ROWS, int NV, int KIND, bool CACHED>
+__global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBlocks)
+    softmax_fwd(const SoftmaxFwdParams p) {
+  using PT = Pack<T, VEC>;
+  constexpr int kChunk = TPR * NV;
+  constexpr bool kKeepExp = CACHED && NV * VEC <= kKeepExpElems;
+  constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
+  static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
+
+  __shared__ GroupScratch<TPR, ROWS, MaxSum> scratch;
+  const int lane = threadIdx.x % TPR;
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  const int nvec = p.cols / VEC;
+  const float s2 = p.scale_log2;
+
+  for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+    const SoftmaxRow r = softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal>(rb, p.sq, p.rows, p.cols, p.diag);
+    const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
+    const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
+    const long long yoff = static_cast<long long>(r.row) * p.cols;
+    const int nstore = r.ok ? nvec : 0;
+
+    // Loads the visible vectors of chunk c, and their mask bits packed 32 to a
+    // word (vector i owns bits i * VEC .. i * VEC + VEC - 1; VEC divides 32).
+    auto load_chunk = [&](int c, PT(&xv)[NV], unsigned(&mw)[kMaskWords]) {
+#pragma unroll
+      for (int w = 0; w < kMaskWords; ++w) mw[w] = 0u;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (v < r.nload) {
+          xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+          if constexpr (KIND == kSoftmaxMasked)
+            mw[i * VEC / 32] |= load_mask_bits<VEC>(p.mask + moff + 1LL * v * VEC) << (i * VEC % 32);
+        }
+      }
+    };
+    auto bits = [](const unsigned(&mw)[kMaskWords], int i) { return mw[i * VEC / 32] >> (i * VEC % 32); };
+
+    if constexpr (CACHED) {
+      PT xv[NV];
+      unsigned mw[kMaskWords];
+      load_chunk(0, xv, mw);
+      float m = neg_inf();
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * TPR + lane;
+        if (v >= r.nload) continue;
+        float z[VEC];
+        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
+      }
+      const float base = exp_base(m);
+      float e[kKeepExp ? NV : 1][VEC];
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * TPR + lane;
+        if (v >= r.nload) continue;
+        float z[VEC];
+        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float t = fast_exp2(z[j]);
+          s += t;
+          if constexpr (kKeepExp) e[i][j] = t;
+        }
+      }
+      const float f = row_factor(m, group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch));
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * TPR + lane;
+        if (v >= nstore) continue;
+        PT out = zero_pack<T, VEC>();
+        if (v < r.nload) {
+          float t[VEC];
+          if constexpr (kKeepExp) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) t[j] = e[i][j];
+          } else {
+            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, t);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) t[j] = fast_exp2(t[j]);
+          }
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(t[j] * f);
+        }
+        store<T, VEC>(y, yoff + 1LL * v * VEC, out);
+      }
+    } else {
+      float m = neg_inf(), s = 0.f;
+      const int load_chunks = (r.nload + kChunk - 1) / kChunk;
+#pragma unroll 1
+      for (int c = 0; c < load_chunks; ++c) {
+        PT xv[NV];
+        unsigned mw[kMaskWords];
+        load_chunk(c, xv, mw);
+        float cm = neg_inf();
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int v = c * kChunk + i * TPR + lane;
+          if (v >= r.nload) continue;
+          float z[VEC];
+          logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) cm = fmaxf(cm, z[j]);
+        }
+        const float mn = fmaxf(m, cm);
+        if (mn == neg_inf()) continue;
+        s *= fast_exp2(m - mn);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int v = c * kChunk + i * TPR + lane;
+          if (v >= r.nload) continue;
+          float z[VEC];
+          logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, mn, z);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) s += fast_exp2(z[j]);
+        }
+        m = mn;
+      }
+      const float f = row_factor(m, group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch));
+      const float base = exp_base(m);
+#pragma unroll 1
+      for (int c = (nstore + kChunk - 1) / kChunk - 1; c >= 0; --c) {
+        PT xv[NV];
+        unsigned mw[kMaskWords];
+        load_chunk(c, xv, mw);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int v = c * kChunk + i * TPR + lane;
+          if (v >= nstore) continue;
+          PT out = zero_pack<T, VEC>();
+          if (v < r.nload) {
+            float z[VEC];
+            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(fast_exp2(z[j]) * f);
+          }
+          store<T, VEC>(y, yoff + 1LL * v * VEC, out);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int VEC, int TPR, int ROWS, int NV, bool CAUSAL, bool CACHED>
+__global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBlocks)
+    softmax_bwd(const SoftmaxBwdParams p) {
+  using PT = Pack<T, VEC>;
+  constexpr int kChunk = TPR * NV;
+  static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
+
+  __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
+  const int lane = threadIdx.x % TPR;
+  const T* y = static_cast<const T*>(p.y);
+  const T* dy = static_cast<const T*>(p.dy);
+  T* dx = static_cast<T*>(p.dx);
+  const int nvec = p.cols / VEC;
+
+  for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+    const SoftmaxRow r = softmax_row<VEC, TPR, ROWS, CAUSAL>(rb, p.sq, p.rows, p.cols, p.diag);
+    const long long yoff = static_cast<long long>(r.row) * p.cols;
+    const long long goff = r.ok ? row_offset(p.dy_rows, r.row) : 0;
+    const int nstore = r.ok ? nvec : 0;
+
+    auto load_chunk = [&](int c, PT(&yv)[NV], PT(&gv)[NV]) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (v < r.nload) {
+          yv[i] = load_nc<T, VEC>(y, yoff + 1LL * v * VEC);
+          gv[i] = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
+        }
+      }
+    };
+    // Lanes of the vector straddling the causal diagonal are skipped too, so
+    // whatever dy holds past it never reaches the sum.
+    auto hidden = [&](int v, int j) { return CAUSAL && v * VEC + j >= r.len; };
+    auto dot_chunk = [&](int c, const PT(&yv)[NV], const PT(&gv)[NV], float s) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (v >= r.nload) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (!hidden(v, j)) s = fmaf(to_float(gv[i].e[j]), to_float(yv[i].e[j]), s);
+      }
+      return s;
+    };
+    auto store_chunk = [&](int c, const PT(&yv)[NV], const PT(&gv)[NV], float dot) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        if (v >= nstore) continue;
+        PT out = zero_pack<T, VEC>();
+        if (v < r.nload) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j)
+            if (!hidden(v, j)) out.e[j] = from_float<T>(to_float(yv[i].e[j]) * p.scale * (to_float(gv[i].e[j]) - dot));
+        }
+        store<T, VEC>(dx, yoff + 1LL * v * VEC, out);
+      }
+    };
+
+    if constexpr (CACHED) {
+      PT yv[NV], gv[NV];
+      load_chunk(0, yv, gv);
+      const float dot = group_allreduce<TPR, ROWS>(Sum1{dot_chunk(0, yv, gv, 0.f)}, scratch).a;
+      store_chunk(0, yv, gv, dot);
+    } else {
+      float s = 0.f;
+      const int load_chunks = (r.nload + kChunk - 1) / kChunk;
+#pragma unroll 1
+      for (int c = 0; c < load_chunks; ++c) {
+        PT yv[NV], gv[NV];
+        load_chunk(c, yv, gv);
+        s = dot_chunk(c, yv, gv, s);
+      }
+      const float dot = group_allreduce<TPR, ROWS>(Sum1{s}, scratch).a;
+#pragma unroll 1
+      for (int c = (nstore + kChunk - 1) / kChunk - 1; c >= 0; --c) {
+        PT yv[NV], gv[NV];
+        load_chunk(c, yv, gv);
+        store_chunk(c, yv, gv, dot);
+      }
+    }
+  }
+}
+
+}  // namespace rtcnorm

@@ -1,0 +1,314 @@
+// torch.ops.rtcnorm.scaled_softmax, scaled_masked_softmax,
+// scaled_upper_triang_masked_softmax, scaled_aligned_causal_masked_softmax
+// and scaled_softmax_backward: argument checks and the CUDA path. Schemas
+// live in csrc/registration.cpp; autograd and fake implementations in
+// python/rtcnorm/_softmax_ops.py.
+#include "ops/softmax.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "jit/kernel_cache.h"
+#include "ops/norm_common.h"
+#include "ops/softmax_plan.h"
+
+namespace rtcnorm {
+
+static_assert(sizeof(FastDiv) == 16 && sizeof(RowIndex) == 88, "RowIndex layout must match the device's");
+static_assert(sizeof(SoftmaxFwdParams) == 240 && sizeof(SoftmaxBwdParams) == 152,
+              "softmax parameter blocks must match the device layout");
+
+const char* softmax_op_name(SoftmaxOp op) {
+  switch (op) {
+    case SoftmaxOp::kScaled:
+      return "scaled_softmax";
+    case SoftmaxOp::kMasked:
+      return "scaled_masked_softmax";
+    case SoftmaxOp::kUpperTriang:
+      return "scaled_upper_triang_masked_softmax";
+    case SoftmaxOp::kAlignedCausal:
+      return "scaled_aligned_causal_masked_softmax";
+  }
+  return "?";
+}
+
+SoftmaxKind softmax_kind(SoftmaxOp op) {
+  switch (op) {
+    case SoftmaxOp::kScaled:
+      return kSoftmaxPlain;
+    case SoftmaxOp::kMasked:
+      return kSoftmaxMasked;
+    default:
+      return kSoftmaxCausal;
+  }
+}
+
+namespace {
+
+void check_dtype(const char* op, const char* name, const at::Tensor& t) {
+  const at::ScalarType s = t.scalar_type();
+  if (t.is_cuda()) {
+    TORCH_CHECK_TYPE(is_kernel_dtype(s), "rtcnorm.", op, ": ", name,
+                     " must be float16, bfloat16 or float32 on CUDA, got ", s);
+  } else {
+    TORCH_CHECK_TYPE(is_kernel_dtype(s) || s == at::kDouble, "rtcnorm.", op, ": ", name,
+                     " must be float16, bfloat16, float32 or float64, got ", s);
+  }
+}
+
+SoftmaxDims dims_of(const at::Tensor& t, bool causal) {
+  SoftmaxDims d;
+  d.cols = t.size(-1);
+  d.sq = causal ? t.size(-2) : 1;
+  d.rows = d.cols == 0 ? 0 : t.numel() / d.cols;
+  return d;
+}
+
+}  // namespace
+
+SoftmaxDims check_softmax_input(SoftmaxOp op, const at::Tensor& input, double scale) {
+  const char* name = softmax_op_name(op);
+  check_dtype(name, "input", input);
+  const bool causal = softmax_kind(op) == kSoftmaxCausal;
+  if (causal) {
+    TORCH_CHECK_VALUE(input.dim() >= 2, "rtcnorm.", name, ": input must have at least 2 dims (..., sq, sk), got shape ",
+                      input.sizes());
+  } else {
+    TORCH_CHECK_VALUE(input.dim() >= 1, "rtcnorm.", name,
+                      ": input must have at least 1 dim (the softmax runs over the last), got a 0-dim tensor");
+  }
+  TORCH_CHECK_VALUE(std::isfinite(scale), "rtcnorm.", name, ": scale must be finite, got ", scale);
+  const SoftmaxDims d = dims_of(input, causal);
+  if (op == SoftmaxOp::kUpperTriang)
+    TORCH_CHECK_VALUE(d.sq == d.cols, "rtcnorm.", name, ": needs sq == sk (the last two dims), got sq = ", d.sq,
+                      " and sk = ", d.cols, "; for sq < sk use scaled_aligned_causal_masked_softmax");
+  if (op == SoftmaxOp::kAlignedCausal)
+    TORCH_CHECK_VALUE(d.sq <= d.cols, "rtcnorm.", name, ": needs sq <= sk (the last two dims), got sq = ", d.sq,
+                      " and sk = ", d.cols);
+  return d;
+}
+
+void check_softmax_mask(const char* op, const at::Tensor& mask, const at::Tensor& input) {
+  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "rtcnorm.", op,
+                   ": mask must be a bool tensor (True = masked out), got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == input.device(), "rtcnorm.", op, ": mask is on ", mask.device(), " but input is on ",
+              input.device());
+  bool ok = mask.dim() <= input.dim();
+  for (int64_t i = 1; ok && i <= mask.dim(); ++i) ok = mask.size(-i) == 1 || mask.size(-i) == input.size(-i);
+  TORCH_CHECK_VALUE(ok, "rtcnorm.", op, ": mask of shape ", mask.sizes(), " is not broadcastable to input of shape ",
+                    input.sizes());
+}
+
+SoftmaxDims check_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal) {
+  const char* op = "scaled_softmax_backward";
+  check_dtype(op, "output", output);
+  TORCH_CHECK_VALUE(grad_output.sizes() == output.sizes(), "rtcnorm.", op, ": grad_output must have output's shape ",
+                    output.sizes(), ", got ", grad_output.sizes());
+  TORCH_CHECK_TYPE(grad_output.scalar_type() == output.scalar_type(), "rtcnorm.", op,
+                   ": grad_output must have output's dtype ", output.scalar_type(), ", got ",
+                   grad_output.scalar_type());
+  TORCH_CHECK(grad_output.device() == output.device(), "rtcnorm.", op, ": grad_output is on ", grad_output.device(),
+              " but output is on ", output.device());
+  TORCH_CHECK_VALUE(output.dim() >= (causal ? 2 : 1), "rtcnorm.", op, ": output must have at least ",
+                    causal ? "2 dims (..., sq, sk) when causal" : "1 dim", ", got shape ", output.sizes());
+  TORCH_CHECK_VALUE(std::isfinite(scale), "rtcnorm.", op, ": scale must be finite, got ", scale);
+  const SoftmaxDims d = dims_of(output, causal);
+  TORCH_CHECK_VALUE(!causal || d.sq <= d.cols, "rtcnorm.", op, ": causal output needs sq <= sk, got sq = ", d.sq,
+                    " and sk = ", d.cols);
+  return d;
+}
+
+namespace {
+
+FastDiv make_fast_div(int64_t d) {
+  TORCH_INTERNAL_ASSERT(d >= 1 && d <= std::numeric_limits<int32_t>::max());
+  unsigned shift = 0;
+  while ((int64_t(1) << shift) < d) ++shift;
+  const uint64_t mul = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - uint64_t(d))) / uint64_t(d) + 1;
+  TORCH_INTERNAL_ASSERT(mul <= std::numeric_limits<uint32_t>::max());
+  return {static_cast<unsigned>(d), static_cast<unsigned>(mul), shift, 0};
+}
+
+// Describes where each row (all dims but the last) of t starts, without a
+// copy, when its leading dims collapse into at most kMaxRowGroups strided
+// groups. Size-1 dims vanish and a broadcast (stride 0) run is one group.
+bool row_index_of(const at::Tensor& t, RowIndex* ri) {
+  std::vector<std::pair<int64_t, int64_t>> groups;  // {size, stride}, innermost first
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    const int64_t size = t.size(d), stride = t.stride(d);
+    if (size == 1) continue;
+    if (!groups.empty() && stride == groups.back().second * groups.back().first) {
+      groups.back().first *= size;
+      continue;
+    }
+    groups.emplace_back(size, stride);
+  }
+  if (groups.empty()) groups.emplace_back(1, 0);
+  if (groups.size() > static_cast<size_t>(kMaxRowGroups)) return false;
+  *ri = RowIndex{};
+  ri->groups = static_cast<int>(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ri->stride[g] = groups[g].second;
+    if (g + 1 < groups.size()) ri->size[g] = make_fast_div(groups[g].first);
+  }
+  return true;
+}
+
+// Rows of t as the kernels read them: unit stride along the last dim and
+// leading dims a RowIndex can describe, copying only when t has neither.
+at::Tensor as_rows(const at::Tensor& t, RowIndex* ri) {
+  at::Tensor r = t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
+  if (!row_index_of(r, ri)) {
+    r = r.contiguous();
+    row_index_of(r, ri);
+  }
+  return r;
+}
+
+int vec_for_rows(const at::Tensor& t, const RowIndex& ri, int esize, int vmax) {
+  int v = vec_for_ptr(t.data_ptr(), esize, vmax);
+  for (int g = 0; g < ri.groups; ++g) v = vec_for_stride(ri.stride[g], v);
+  return v;
+}
+
+void check_launch_size(const char* op, const SoftmaxDims& d) {
+  TORCH_CHECK_VALUE(d.rows <= std::numeric_limits<int32_t>::max(), "rtcnorm.", op,
+                    ": at most 2^31 - 1 rows (the product of all dims but the last) are supported on CUDA, got ",
+                    d.rows);
+  TORCH_CHECK_VALUE(d.cols <= std::numeric_limits<int32_t>::max() - 16, "rtcnorm.", op,
+                    ": rows of at most 2^31 - 17 elements are supported on CUDA, got ", d.cols);
+}
+
+// Plans, loads and launches one softmax kernel; prm's row_blocks is filled in
+// from the plan before the launch reads the block.
+template <typename Params>
+void launch_softmax(const char* op, const at::Tensor& like, const SoftmaxProblem& prob, Params& prm) {
+  const int dev = check_device_arch(like, op);
+  const auto& info = jit::device_info(dev);
+  const SoftmaxPlan plan = plan_softmax(prob, info.arch);
+  const jit::CUstream stream = jit::current_stream(dev);
+  const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
+  prm.row_blocks = static_cast<int>(plan.row_blocks);
+  const int64_t grid = softmax_grid(plan, info.sm_count, k.blocks_per_sm);
+  jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
+}
+
+at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at::Tensor* mask, double scale) {
+  const char* name = softmax_op_name(op);
+  const SoftmaxDims d = check_softmax_input(op, input, scale);
+  if (mask != nullptr) check_softmax_mask(name, *mask, input);
+  check_launch_size(name, d);
+  c10::DeviceGuard guard(input.device());
+  at::Tensor y = at::empty(input.sizes(), input.options());
+  if (d.rows == 0) return y;
+
+  SoftmaxFwdParams prm{};
+  const at::Tensor x = as_rows(input, &prm.x_rows);
+  const int esize = jit::element_size(to_dtype(input.scalar_type()));
+  int vec = vec_for_rows(x, prm.x_rows, esize, 16 / esize);
+  at::Tensor m;
+  if (mask != nullptr) {
+    m = mask->dim() == 0 ? mask->reshape({1}) : *mask;
+    if (m.size(-1) == 1 && d.cols > 1) {
+      // Broadcast along keys: materialise that one dim so rows are contiguous;
+      // broadcasts over the leading dims stay strides of 0.
+      std::vector<int64_t> shape(m.sizes().begin(), m.sizes().end());
+      shape.back() = d.cols;
+      m = m.expand(shape).contiguous();
+    }
+    m = as_rows(m.expand(input.sizes()), &prm.mask_rows);
+    vec = vec_for_rows(m, prm.mask_rows, 1, vec);
+  }
+
+  SoftmaxProblem prob;
+  prob.dtype = to_dtype(input.scalar_type());
+  prob.rows = d.rows;
+  prob.cols = d.cols;
+  prob.max_vec = vec;
+  prob.kind = softmax_kind(op);
+
+  prm.x = x.data_ptr();
+  prm.mask = m.defined() ? static_cast<const unsigned char*>(m.data_ptr()) : nullptr;
+  prm.y = y.data_ptr();
+  prm.sq = make_fast_div(d.sq);
+  prm.rows = static_cast<int>(d.rows);
+  prm.cols = static_cast<int>(d.cols);
+  prm.diag = static_cast<int>(d.cols - d.sq);
+  prm.scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // log2(e)
+  launch_softmax(name, input, prob, prm);
+  return y;
+}
+
+at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output, double scale,
+                                        bool causal) {
+  const char* name = "scaled_softmax_backward";
+  const SoftmaxDims d = check_softmax_backward(grad_output, output, scale, causal);
+  check_launch_size(name, d);
+  c10::DeviceGuard guard(output.device());
+  at::Tensor dx = at::empty(output.sizes(), output.options());
+  if (d.rows == 0) return dx;
+
+  SoftmaxBwdParams prm{};
+  const at::Tensor y = output.contiguous();
+  const at::Tensor dy = as_rows(grad_output, &prm.dy_rows);
+  const int esize = jit::element_size(to_dtype(output.scalar_type()));
+  int vec = vec_for_ptr(y.data_ptr(), esize, 16 / esize);
+  vec = vec_for_rows(dy, prm.dy_rows, esize, vec);
+
+  SoftmaxProblem prob;
+  prob.dtype = to_dtype(output.scalar_type());
+  prob.rows = d.rows;
+  prob.cols = d.cols;
+  prob.max_vec = vec;
+  prob.kind = causal ? kSoftmaxCausal : kSoftmaxPlain;
+  prob.backward = true;
+
+  prm.y = y.data_ptr();
+  prm.dy = dy.data_ptr();
+  prm.dx = dx.data_ptr();
+  prm.sq = make_fast_div(d.sq);
+  prm.rows = static_cast<int>(d.rows);
+  prm.cols = static_cast<int>(d.cols);
+  prm.diag = static_cast<int>(d.cols - d.sq);
+  prm.scale = static_cast<float>(scale);
+  launch_softmax(name, output, prob, prm);
+  return dx;
+}
+
+// The four forward ops, per device: unmasked ones take (input, scale).
+template <SoftmaxOp kOp, bool kCuda>
+at::Tensor forward_op(const at::Tensor& input, double scale) {
+  return (kCuda ? softmax_forward_cuda : softmax_forward_cpu)(kOp, input, nullptr, scale);
+}
+
+template <bool kCuda>
+at::Tensor masked_op(const at::Tensor& input, const at::Tensor& mask, double scale) {
+  return (kCuda ? softmax_forward_cuda : softmax_forward_cpu)(SoftmaxOp::kMasked, input, &mask, scale);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtcnorm, CUDA, m) {
+  m.impl("scaled_softmax", &forward_op<SoftmaxOp::kScaled, true>);
+  m.impl("scaled_masked_softmax", &masked_op<true>);
+  m.impl("scaled_upper_triang_masked_softmax", &forward_op<SoftmaxOp::kUpperTriang, true>);
+  m.impl("scaled_aligned_causal_masked_softmax", &forward_op<SoftmaxOp::kAlignedCausal, true>);
+  m.impl("scaled_softmax_backward", &scaled_softmax_backward_cuda);
+}
+
+TORCH_LIBRARY_IMPL(rtcnorm, CPU, m) {
+  m.impl("scaled_softmax", &forward_op<SoftmaxOp::kScaled, false>);
+  m.impl("scaled_masked_softmax", &masked_op<false>);
+  m.impl("scaled_upper_triang_masked_softmax", &forward_op<SoftmaxOp::kUpperTriang, false>);
+  m.impl("scaled_aligned_causal_masked_softmax", &forward_op<SoftmaxOp::kAlignedCausal, false>);
+  m.impl("scaled_softmax_backward", &softmax_backward_cpu);
+}
+
+}  // namespace rtcnorm

@@ -1,0 +1,44 @@
+// The softmax family: argument checks shared by the CUDA and CPU paths, and
+// the CPU (reference-quality) implementations.
+//
+// Semantics every implementation keeps:
+// - The softmax runs over the last dim of x, in fp32 (fp64 for fp64 CPU
+//   input), output in x's dtype: y = softmax(scale * x) with masked elements
+//   excluded and set to exactly 0.
+// - A row with no visible element (a fully masked row) is all zeros, never
+//   NaN, and its gradient is zero.
+// - Causal ops take (..., sq, sk); query q sees keys j <= q + (sk - sq).
+// - The backward reads only y and dy: dx = scale * y * (dy - sum(dy * y)),
+//   with dx = 0 wherever y = 0 is structural (causal: never read).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "kernels/common/softmax_params.cuh"
+
+namespace rtcnorm {
+
+enum class SoftmaxOp { kScaled, kMasked, kUpperTriang, kAlignedCausal };
+
+const char* softmax_op_name(SoftmaxOp op);
+SoftmaxKind softmax_kind(SoftmaxOp op);
+
+struct SoftmaxDims {
+  int64_t rows = 0;
+  int64_t cols = 0;  // sk
+  int64_t sq = 1;    // causal ops: queries per (sq x sk) matrix
+};
+
+// Checks input (and scale) for `op`; every message names the op and argument.
+SoftmaxDims check_softmax_input(SoftmaxOp op, const at::Tensor& input, double scale);
+// mask must be bool, on input's device and broadcastable to input.
+void check_softmax_mask(const char* op, const at::Tensor& mask, const at::Tensor& input);
+// grad_output and output alike (shape, dtype, device); causal needs 2 dims.
+SoftmaxDims check_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal);
+
+at::Tensor softmax_forward_cpu(SoftmaxOp op, const at::Tensor& input, const at::Tensor* mask, double scale);
+at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal);
+
+}  // namespace rtcnorm

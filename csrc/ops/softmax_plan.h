@@ -1,0 +1,43 @@
+// Launch planning for the softmax kernels: which instantiation runs, with
+// which grid, and why. Needs no GPU; the streamed kernel's persistent grid
+// takes its occupancy from the loaded kernel at launch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "jit/kernel_key.h"
+#include "kernels/common/softmax_params.cuh"
+
+namespace rtcnorm {
+
+struct SoftmaxProblem {
+  jit::DType dtype = jit::DType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;                  // sk
+  int max_vec = 1;                   // widest access every pointer and stride allows (elements)
+  SoftmaxKind kind = kSoftmaxPlain;  // forward; the backward only asks "causal or not"
+  bool backward = false;
+};
+
+struct SoftmaxPlan {
+  jit::KernelKey key;
+  bool cached = false;      // the row stays in registers: one read of each input
+  bool persistent = false;  // streamed rows: grid = SMs x min(occupancy, kStreamCtasPerSm)
+  int64_t row_blocks = 0;
+};
+
+SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch);
+
+// Why the plan is what it is, for explain(); not used on the launch path.
+std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan);
+
+// Streamed rows re-read their input from L2; capping the CTAs per SM keeps
+// the rows in flight (SMs x cap x row bytes) well inside L2.
+constexpr int kStreamCtasPerSm = 2;
+
+int64_t softmax_grid(const SoftmaxPlan& plan, int sm_count, int blocks_per_sm);
+
+extern const jit::KernelFamily kSoftmaxFwd, kSoftmaxBwd;
+
+}  // namespace rtcnorm
