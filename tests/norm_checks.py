@@ -89,14 +89,14 @@ def _poison_for(poison, *tensors):
         poison(4 * sum(t.numel() * t.element_size() for t in tensors if t is not None))
 
 
-def _check_outputs(y, stats, x, normalized_shape, ref, stat_names):
+def _check_outputs(y, stats, x, normalized_shape, ref, stat_names, stat_scale=1.0):
     assert y.dtype == x.dtype and y.shape == x.shape and y.is_contiguous()
     assert_close(y, ref["y"], what="y")
     lead = x.shape[: x.dim() - len(normalized_shape)]
     for name, t in zip(stat_names, stats):
         assert t.dtype == (stat_dtype(x) if x.device.type == "cpu" else torch.float32), name
         assert t.shape == lead, name
-        assert_close(t, ref[name], what=name)
+        assert_close(t, ref[name], what=name, scale=stat_scale)
 
 
 def check_rms_norm(
@@ -136,9 +136,13 @@ def check_rms_norm(
     outputs, grads = ([y, h], [dy, dh]) if h is not None else ([y], [dy])
     torch.autograd.backward(outputs, grads)
     m = rows_of(x, normalized_shape)
-    assert_close(xl.grad, ref["dx"], what="dx")
+    # Rows of one element: dx = rstd * dy*g * (1 - xhat^2) cancels in fp32 as
+    # xhat^2 -> 1 (the exact value is ~eps-sized), so allow a few fp32 ulps
+    # of rstd * dy*g instead of the usual relative bound.
+    dx_scale = 10.0 if math.prod(normalized_shape) == 1 else 1.0
+    assert_close(xl.grad, ref["dx"], what="dx", scale=dx_scale)
     if rl is not None:
-        assert_close(rl.grad, ref["dx"], what="d(residual)")
+        assert_close(rl.grad, ref["dx"], what="d(residual)", scale=dx_scale)
     if wl is not None:
         assert wl.grad.dtype == weight.dtype
         assert_close(wl.grad, ref["dw"], what="dw", reduce_len=m)
@@ -156,16 +160,18 @@ def check_layer_norm(
     zero_centered_gamma=False,
     backward=True,
     poison=None,
+    stat_scale=1.0,
 ):
     """Runs torch.ops.rtcnorm.layer_norm and its autograd backward; asserts
-    every output matches the reference."""
+    every output matches the reference (mean/rstd within ``stat_scale`` times
+    the usual tolerance)."""
     normalized_shape = list(normalized_shape)
     xl, wl, bl = _leaf(x, backward), _leaf(weight, backward), _leaf(bias, backward)
     _poison_for(poison, x, x)
     y, mean, rstd = torch.ops.rtcnorm.layer_norm(xl, normalized_shape, wl, bl, eps, mode, zero_centered_gamma)
     dy = torch.randn_like(y) if backward else None
     ref = ref_layer_norm(x, normalized_shape, weight, bias, eps, zero_centered_gamma=zero_centered_gamma, dy=dy)
-    _check_outputs(y, [mean, rstd], x, normalized_shape, ref, ["mean", "rstd"])
+    _check_outputs(y, [mean, rstd], x, normalized_shape, ref, ["mean", "rstd"], stat_scale)
     if not backward:
         return y
     _poison_for(poison, x, x, weight, bias)

@@ -217,7 +217,10 @@ def test_gpu_matches_reference(gpu_kernels, poison, dtype, variant, n, mode):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_large_mean(gpu_kernels, poison, dtype, n, mode):
     x, w, b, _ = ln_inputs((gpu_rows(n, 1 << 20), n), [n], dtype, "cuda", "weight_bias", shift=1000.0)
-    check_layer_norm(x, [n], w, b, mode=mode, poison=poison)
+    # fp32 statistics of data with |mean| / std ~ 1000 are good to ~1000 fp32
+    # ulps (any fp32 algorithm, the reference's float64 aside); the outputs
+    # keep the usual 16-bit tolerance.
+    check_layer_norm(x, [n], w, b, mode=mode, poison=poison, stat_scale=10.0)
 
 
 @pytest.mark.gpu
