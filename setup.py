@@ -20,7 +20,7 @@ GENERATED = ROOT / "build" / "generated" / "embedded_sources.cpp"
 
 def _raw_literal(text: str) -> str:
     delim = "rtcnorm_src"
-    assert f"){delim}\"" not in text
+    assert f'){delim}"' not in text
     return f'R"{delim}({text}){delim}"'
 
 

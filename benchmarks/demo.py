@@ -8,10 +8,9 @@ to show the JIT working on a machine with no driver.
 
 import time
 
+import rtcnorm
 import torch
 import torch.nn.functional as F
-
-import rtcnorm
 
 
 def median_ms(fn, reps=50):
@@ -91,7 +90,8 @@ def run_cpu():
     for name, fn, ref, _ in cases("cpu", torch.float32):
         print(f"{name:34s} max rel err vs torch: {max_rel_err(fn(), ref()):.2e}")
     t0 = time.perf_counter()
-    lines = rtcnorm.jit.precompile("rms_norm", hidden_sizes=[128, 4096], dtypes=[torch.bfloat16], modes=[None], archs=["sm_90"]
+    lines = rtcnorm.jit.precompile(
+        "rms_norm", hidden_sizes=[128, 4096], dtypes=[torch.bfloat16], modes=[None], archs=["sm_90"]
     )
     print(f"\nprecompiled {len(lines)} rms_norm kernels for sm_90 in {time.perf_counter() - t0:.1f} s, e.g.:")
     for line in lines[:3]:

@@ -215,18 +215,30 @@ PYBIND11_MODULE(_C, m) {
       const std::string key = py::cast<std::string>(k);
       const int64_t val = py::cast<int64_t>(v);
       if (val < 0) throw py::value_error("rtcnorm._tuning: " + key + " must be >= 0 (0: the planner's rule)");
-      if (key == "fwd_vecs_target") t.fwd_vecs_target = int(val);
-      else if (key == "fwd_cta_threads") t.fwd_cta_threads = int(std::min<int64_t>(val, 1024));
-      else if (key == "fwd_cache_bytes") t.fwd_cache_bytes = int(val);
-      else if (key == "fwd_min_blocks") t.fwd_min_blocks = int(val);
-      else if (key == "keep_gamma_floats") t.keep_gamma_floats = int(val);
-      else if (key == "bwd_cache_elems") t.bwd_cache_elems = int(val);
-      else if (key == "bwd_cta_threads") t.bwd_cta_threads = int(std::min<int64_t>(val, 1024));
-      else if (key == "bwd_min_blocks") t.bwd_min_blocks = int(val);
-      else if (key == "narrow_row") t.narrow_row = val;
-      else if (key == "fwd_hints") t.fwd_hints = int(std::min<int64_t>(val, 4));
-      else if (key == "bwd_hints") t.bwd_hints = int(std::min<int64_t>(val, 4));
-      else throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
+      if (key == "fwd_vecs_target")
+        t.fwd_vecs_target = int(val);
+      else if (key == "fwd_cta_threads")
+        t.fwd_cta_threads = int(std::min<int64_t>(val, 1024));
+      else if (key == "fwd_cache_bytes")
+        t.fwd_cache_bytes = int(val);
+      else if (key == "fwd_min_blocks")
+        t.fwd_min_blocks = int(val);
+      else if (key == "keep_gamma_floats")
+        t.keep_gamma_floats = int(val);
+      else if (key == "bwd_cache_elems")
+        t.bwd_cache_elems = int(val);
+      else if (key == "bwd_cta_threads")
+        t.bwd_cta_threads = int(std::min<int64_t>(val, 1024));
+      else if (key == "bwd_min_blocks")
+        t.bwd_min_blocks = int(val);
+      else if (key == "narrow_row")
+        t.narrow_row = val;
+      else if (key == "fwd_hints")
+        t.fwd_hints = int(std::min<int64_t>(val, 4));
+      else if (key == "bwd_hints")
+        t.bwd_hints = int(std::min<int64_t>(val, 4));
+      else
+        throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
     }
   });
   m.def("explain_softmax", &explain_softmax);

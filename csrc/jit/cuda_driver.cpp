@@ -30,20 +30,18 @@ LoadedDriver load_driver() {
   }
   auto& a = d.api;
   auto& e = d.error;
-  bool ok = bind(lib, "cuInit", a.cuInit, e) && bind(lib, "cuDriverGetVersion", a.cuDriverGetVersion, e) &&
-            bind(lib, "cuDeviceGet", a.cuDeviceGet, e) &&
-            bind(lib, "cuDeviceGetAttribute", a.cuDeviceGetAttribute, e) &&
-            bind(lib, "cuDevicePrimaryCtxRetain", a.cuDevicePrimaryCtxRetain, e) &&
-            bind(lib, "cuCtxGetCurrent", a.cuCtxGetCurrent, e) && bind(lib, "cuCtxSetCurrent", a.cuCtxSetCurrent, e) &&
-            bind(lib, "cuModuleLoadData", a.cuModuleLoadData, e) && bind(lib, "cuModuleUnload", a.cuModuleUnload, e) &&
-            bind(lib, "cuModuleGetFunction", a.cuModuleGetFunction, e) &&
-            bind(lib, "cuFuncSetAttribute", a.cuFuncSetAttribute, e) &&
-            bind(lib, "cuFuncGetAttribute", a.cuFuncGetAttribute, e) &&
-            bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", a.cuOccupancyMaxActiveBlocksPerMultiprocessor,
-                 e) &&
-            bind(lib, "cuLaunchKernel", a.cuLaunchKernel, e) &&
-            bind(lib, "cuStreamIsCapturing", a.cuStreamIsCapturing, e) &&
-            bind(lib, "cuGetErrorString", a.cuGetErrorString, e);
+  bool ok =
+      bind(lib, "cuInit", a.cuInit, e) && bind(lib, "cuDriverGetVersion", a.cuDriverGetVersion, e) &&
+      bind(lib, "cuDeviceGet", a.cuDeviceGet, e) && bind(lib, "cuDeviceGetAttribute", a.cuDeviceGetAttribute, e) &&
+      bind(lib, "cuDevicePrimaryCtxRetain", a.cuDevicePrimaryCtxRetain, e) &&
+      bind(lib, "cuCtxGetCurrent", a.cuCtxGetCurrent, e) && bind(lib, "cuCtxSetCurrent", a.cuCtxSetCurrent, e) &&
+      bind(lib, "cuModuleLoadData", a.cuModuleLoadData, e) && bind(lib, "cuModuleUnload", a.cuModuleUnload, e) &&
+      bind(lib, "cuModuleGetFunction", a.cuModuleGetFunction, e) &&
+      bind(lib, "cuFuncSetAttribute", a.cuFuncSetAttribute, e) &&
+      bind(lib, "cuFuncGetAttribute", a.cuFuncGetAttribute, e) &&
+      bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", a.cuOccupancyMaxActiveBlocksPerMultiprocessor, e) &&
+      bind(lib, "cuLaunchKernel", a.cuLaunchKernel, e) && bind(lib, "cuStreamIsCapturing", a.cuStreamIsCapturing, e) &&
+      bind(lib, "cuGetErrorString", a.cuGetErrorString, e);
   if (ok) {
     const CUresult r = a.cuInit(0);
     if (r != 0) d.error = "cuInit failed with CUDA driver error " + std::to_string(r);

@@ -42,8 +42,8 @@ struct DriverApi {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuFuncGetAttribute)(int*, int, CUfunction);
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void**, void**);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                             void**, void**);
   CUresult (*cuStreamIsCapturing)(CUstream, int*);
   CUresult (*cuGetErrorString)(CUresult, const char**);
 };

@@ -55,7 +55,7 @@ bool ensure_private_dir(const std::string& path, std::string* why) {
       return false;
     }
   }
-  struct stat st{};
+  struct stat st {};
   if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     *why = path + " is not a folder";
     return false;
@@ -143,8 +143,8 @@ std::string disk_cache_root() {
   if (root.empty()) {
     const std::string xdg = env_or_empty("XDG_CACHE_HOME");
     const std::string home = env_or_empty("HOME");
-    root = !xdg.empty() ? xdg + "/rtcnorm" : (!home.empty() ? home + "/.cache/rtcnorm" : "/tmp/rtcnorm-" +
-                                                                                             std::to_string(geteuid()));
+    root = !xdg.empty() ? xdg + "/rtcnorm"
+                        : (!home.empty() ? home + "/.cache/rtcnorm" : "/tmp/rtcnorm-" + std::to_string(geteuid()));
   }
   return root + "/" + RTCNORM_VERSION;
 }
@@ -176,8 +176,8 @@ DiskLookup disk_cache_load(const KernelKey& key, const std::string& key_text, Co
   uint64_t image_size = 0;
   CompiledKernel k;
   const bool parsed = r.bytes(sizeof kMagic, &magic) && magic == std::string(kMagic, sizeof kMagic) &&
-                      r.string(&stored_key) && r.string(&k.lowered_name) && r.string(&k.target) &&
-                      r.pod(&is_cubin) && r.pod(&image_size) && r.bytes(image_size, &k.image);
+                      r.string(&stored_key) && r.string(&k.lowered_name) && r.string(&k.target) && r.pod(&is_cubin) &&
+                      r.pod(&image_size) && r.bytes(image_size, &k.image);
   const size_t body_size = r.pos();
   if (!parsed || !r.bytes(40, &checksum) || body_size + 40 != data.size()) return DiskLookup::kCorrupt;
   if (stored_key != key_text) return DiskLookup::kCorrupt;
@@ -248,8 +248,7 @@ int disk_cache_clear() {
       while (dirent* e = readdir(d)) {
         const std::string name = e->d_name;
         if (name == "." || name == "..") continue;
-        if (unlink((dir + "/" + name).c_str()) == 0 && name.size() > 4 &&
-            name.compare(name.size() - 4, 4, ".bin") == 0)
+        if (unlink((dir + "/" + name).c_str()) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0)
           ++removed;
       }
       closedir(d);

@@ -20,13 +20,11 @@ namespace rtcnorm::jit {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct AtomicStats {
-  std::atomic<uint64_t> memory_hits{0}, memory_misses{0}, disk_hits{0}, disk_misses{0}, disk_corrupt{0},
-      disk_writes{0}, compiles{0}, module_loads{0};
+  std::atomic<uint64_t> memory_hits{0}, memory_misses{0}, disk_hits{0}, disk_misses{0}, disk_corrupt{0}, disk_writes{0},
+      compiles{0}, module_loads{0};
   std::atomic<uint64_t> compile_us{0}, disk_load_us{0}, module_load_us{0};
 };
 AtomicStats g_stats;
@@ -220,8 +218,8 @@ void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned bl
             CUstream stream, void* params) {
   void* args[] = {params};
   make_current(k.ctx);
-  check_cu(driver().cuLaunchKernel(k.fn, grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(k.smem),
-                                   stream, args, nullptr),
+  check_cu(driver().cuLaunchKernel(k.fn, grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(k.smem), stream,
+                                   args, nullptr),
            "cuLaunchKernel");
 }
 

@@ -41,8 +41,8 @@ struct LoadedKernel {
   CUfunction fn = nullptr;
   CUcontext ctx = nullptr;  // the device's primary context, made current before each launch
   int threads = 0;
-  size_t smem = 0;          // dynamic shared memory every launch passes
-  int blocks_per_sm = 0;    // occupancy at (threads, smem)
+  size_t smem = 0;        // dynamic shared memory every launch passes
+  int blocks_per_sm = 0;  // occupancy at (threads, smem)
   int registers = 0;
 };
 

@@ -42,10 +42,9 @@ struct KernelKey {
   int16_t arch = 0;     // sm_XX as XX (e.g. 90)
 
   bool operator==(const KernelKey& o) const {
-    return family == o.family && dtype == o.dtype && wdtype == o.wdtype && hidden == o.hidden &&
-           vec == o.vec && threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta &&
-           vecs_per_thread == o.vecs_per_thread && flags == o.flags && variant == o.variant &&
-           arch == o.arch;
+    return family == o.family && dtype == o.dtype && wdtype == o.wdtype && hidden == o.hidden && vec == o.vec &&
+           threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta &&
+           vecs_per_thread == o.vecs_per_thread && flags == o.flags && variant == o.variant && arch == o.arch;
   }
   int threads() const { return threads_per_row * rows_per_cta; }
   std::string name_expression() const { return family->name_expression(*this); }

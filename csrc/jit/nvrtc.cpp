@@ -77,8 +77,7 @@ LoadedNvrtc load_nvrtc() {
     lib = try_open(p, tried);
     if (lib == nullptr) lib = open_in_dir(p, tried);
     TORCH_CHECK(lib != nullptr, "rtcnorm: RTCNORM_NVRTC_PATH=", p,
-                " does not name a loadable NVRTC library or a folder holding one. Tried: ",
-                c10::Join("; ", tried));
+                " does not name a loadable NVRTC library or a folder holding one. Tried: ", c10::Join("; ", tried));
   } else {
     std::vector<std::string> dirs;
     {
@@ -199,10 +198,9 @@ CompiledKernel compile_kernel(const KernelKey& key) {
   ProgramGuard guard{api};
   auto fail = [&](const char* step, nvrtcResult r, const std::string& log) {
     std::ostringstream os;
-    os << "rtcnorm: NVRTC " << step << " failed (" << api.nvrtcGetErrorString(r) << ") for kernel "
-       << key.describe() << "\n  instantiation: " << expr << "\n  target: " << out.target << "\n  NVRTC "
-       << n.info.major << "." << n.info.minor << " at " << n.info.path << ", CUDA driver "
-       << driver_version_string() << "\n  log:\n"
+    os << "rtcnorm: NVRTC " << step << " failed (" << api.nvrtcGetErrorString(r) << ") for kernel " << key.describe()
+       << "\n  instantiation: " << expr << "\n  target: " << out.target << "\n  NVRTC " << n.info.major << "."
+       << n.info.minor << " at " << n.info.path << ", CUDA driver " << driver_version_string() << "\n  log:\n"
        << log;
     TORCH_CHECK(false, os.str());
   };

@@ -20,7 +20,7 @@ namespace rtcnorm::jit {
 void set_nvrtc_search_dirs(std::vector<std::string> dirs);
 
 struct NvrtcInfo {
-  std::string path;     // the library that was loaded
+  std::string path;  // the library that was loaded
   int major = 0, minor = 0;
   std::vector<int> archs;  // sm_XX values this NVRTC can emit cubins for
 };
@@ -29,7 +29,7 @@ struct NvrtcInfo {
 const NvrtcInfo& nvrtc_info();
 
 struct CompiledKernel {
-  std::string image;         // cubin, or NUL-terminated PTX
+  std::string image;  // cubin, or NUL-terminated PTX
   bool is_cubin = true;
   std::string lowered_name;  // mangled symbol of the instantiation
   std::string target;        // "sm_90" or "compute_100" (PTX fallback)

@@ -21,11 +21,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(const at::Tensor& inpu
                                                           std::optional<c10::string_view> mode,
                                                           bool zero_centered_gamma) {
   const NormMode m = parse_mode(mode, "layer_norm");
-  NormFwdOutputs o =
-      kCuda ? norm_forward_cuda(kLayerNorm, "layer_norm", input, std::nullopt, normalized_shape, weight, bias, eps,
-                                m, zero_centered_gamma)
-            : norm_forward_cpu(kLayerNorm, "layer_norm", input, std::nullopt, normalized_shape, weight, bias, eps,
-                               zero_centered_gamma);
+  NormFwdOutputs o = kCuda ? norm_forward_cuda(kLayerNorm, "layer_norm", input, std::nullopt, normalized_shape, weight,
+                                               bias, eps, m, zero_centered_gamma)
+                           : norm_forward_cpu(kLayerNorm, "layer_norm", input, std::nullopt, normalized_shape, weight,
+                                              bias, eps, zero_centered_gamma);
   return {o.y, o.mean, o.rstd};
 }
 

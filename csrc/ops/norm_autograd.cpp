@@ -19,9 +19,9 @@
 namespace rtcnorm {
 namespace {
 
+using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using at::Tensor;
 
 using RmsFwd = std::tuple<Tensor, Tensor>(const Tensor&, at::IntArrayRef, const std::optional<Tensor>&,
                                           std::optional<double>, std::optional<c10::string_view>, bool);
@@ -31,8 +31,8 @@ using AddRmsFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor
 using RmsBwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&,
                                           at::IntArrayRef, bool, bool, const std::optional<Tensor>&);
 using LnFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, at::IntArrayRef, const std::optional<Tensor>&,
-                                                 const std::optional<Tensor>&, double,
-                                                 std::optional<c10::string_view>, bool);
+                                                 const std::optional<Tensor>&, double, std::optional<c10::string_view>,
+                                                 bool);
 using LnBwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                  const std::optional<Tensor>&, const std::optional<Tensor>&,
                                                  at::IntArrayRef, bool, bool, bool);
@@ -72,8 +72,8 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kRmsWeightEdge);
-    auto [dx, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape, ctx->saved_data["zc"].toBool(),
-                             want_w, std::nullopt);
+    auto [dx, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape,
+                             ctx->saved_data["zc"].toBool(), want_w, std::nullopt);
     return {dx, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -98,8 +98,8 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kAddRmsWeightEdge);
-    auto [dh, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape, ctx->saved_data["zc"].toBool(),
-                             want_w, opt(grads[1]));
+    auto [dh, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape,
+                             ctx->saved_data["zc"].toBool(), want_w, opt(grads[1]));
     return {dh, dh, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -125,8 +125,8 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kLnWeightEdge);
     const bool want_b = saved[2].defined() && ctx->needs_input_grad(saved[1].defined() ? 2 : 1);
-    auto [dx, dw, db] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[3], saved[4], opt(saved[1]), opt(saved[2]), shape,
-                                 ctx->saved_data["zc"].toBool(), want_w, want_b);
+    auto [dx, dw, db] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[3], saved[4], opt(saved[1]),
+                                 opt(saved[2]), shape, ctx->saved_data["zc"].toBool(), want_w, want_b);
     return {dx, Tensor(), want_w ? dw : Tensor(), want_b ? db : Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -140,8 +140,7 @@ std::tuple<Tensor, Tensor> rms_norm_autograd(const Tensor& input, at::IntArrayRe
 
 std::tuple<Tensor, Tensor, Tensor> add_rms_norm_autograd(const Tensor& input, const Tensor& residual,
                                                          at::IntArrayRef normalized_shape,
-                                                         const std::optional<Tensor>& weight,
-                                                         std::optional<double> eps,
+                                                         const std::optional<Tensor>& weight, std::optional<double> eps,
                                                          std::optional<c10::string_view> mode, bool zero_centered) {
   auto out = AddRmsNormFn::apply(input, residual, normalized_shape, weight, eps, mode, zero_centered);
   return {out[0], out[1], out[2]};

@@ -11,9 +11,7 @@
 
 namespace rtcnorm {
 
-bool is_kernel_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
-}
+bool is_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
 jit::DType to_dtype(at::ScalarType t) {
   switch (t) {
@@ -30,13 +28,12 @@ namespace {
 
 void check_param(const char* op, const char* name, const at::Tensor& p, const at::Tensor& input,
                  at::IntArrayRef normalized_shape) {
-  TORCH_CHECK_VALUE(p.sizes() == normalized_shape, "rtcnorm.", op, ": ", name, " must have shape ",
-                    normalized_shape, " (normalized_shape), got ", p.sizes());
+  TORCH_CHECK_VALUE(p.sizes() == normalized_shape, "rtcnorm.", op, ": ", name, " must have shape ", normalized_shape,
+                    " (normalized_shape), got ", p.sizes());
   TORCH_CHECK(p.device() == input.device(), "rtcnorm.", op, ": ", name, " is on ", p.device(), " but input is on ",
               input.device());
-  TORCH_CHECK_TYPE(p.scalar_type() == input.scalar_type() || p.scalar_type() == at::kFloat, "rtcnorm.", op, ": ",
-                   name, " must have input's dtype (", input.scalar_type(), ") or float32, got ",
-                   p.scalar_type());
+  TORCH_CHECK_TYPE(p.scalar_type() == input.scalar_type() || p.scalar_type() == at::kFloat, "rtcnorm.", op, ": ", name,
+                   " must have input's dtype (", input.scalar_type(), ") or float32, got ", p.scalar_type());
 }
 
 }  // namespace
@@ -103,8 +100,7 @@ NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRe
                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual) {
   TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "rtcnorm.", op,
-                   ": input must be a floating-point tensor (float32, float16 or bfloat16), got ",
-                   input.scalar_type());
+                   ": input must be a floating-point tensor (float32, float16 or bfloat16), got ", input.scalar_type());
   if (input.is_cuda())
     TORCH_CHECK_TYPE(is_kernel_dtype(input.scalar_type()), "rtcnorm.", op,
                      ": CUDA input must be float32, float16 or bfloat16, got ", input.scalar_type());
@@ -127,19 +123,18 @@ NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRe
   if (bias.has_value()) check_param(op, "bias", *bias, input, normalized_shape);
   if (weight.has_value() && bias.has_value())
     TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), "rtcnorm.", op,
-                     ": weight and bias must share a dtype, got ", weight->scalar_type(), " and ",
-                     bias->scalar_type());
+                     ": weight and bias must share a dtype, got ", weight->scalar_type(), " and ", bias->scalar_type());
   if (residual.has_value()) check_like_input(op, "residual", *residual, input);
   return d;
 }
 
 void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input) {
-  TORCH_CHECK_VALUE(t.sizes() == input.sizes(), "rtcnorm.", op, ": ", name, " must have input's shape ",
-                    input.sizes(), ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.sizes() == input.sizes(), "rtcnorm.", op, ": ", name, " must have input's shape ", input.sizes(),
+                    ", got ", t.sizes());
   TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), "rtcnorm.", op, ": ", name, " must have input's dtype ",
                    input.scalar_type(), ", got ", t.scalar_type());
-  TORCH_CHECK(t.device() == input.device(), "rtcnorm.", op, ": ", name, " is on ", t.device(),
-              " but input is on ", input.device());
+  TORCH_CHECK(t.device() == input.device(), "rtcnorm.", op, ": ", name, " is on ", t.device(), " but input is on ",
+              input.device());
 }
 
 std::vector<int64_t> stat_shape(const at::Tensor& input, int64_t lead) {
@@ -213,8 +208,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   const NormFwdPlan plan = plan_norm_fwd(p, mode, info.sm_count, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
-  int64_t grid = plan.persistent ? persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm)
-                                 : plan.row_blocks;
+  int64_t grid = plan.persistent ? persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm) : plan.row_blocks;
   grid = std::min<int64_t>(grid, std::numeric_limits<int32_t>::max());
 
   NormFwdParams prm{};
@@ -247,8 +241,8 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
                     ": rstd must hold one float32 per row (", d.rows, "), got ", rstd.numel(), " of ",
                     rstd.scalar_type());
   if (kind == kLayerNorm)
-    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows && mean->scalar_type() == at::kFloat, "rtcnorm.",
-                      op, ": mean must hold one float32 per row (", d.rows, ")");
+    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows && mean->scalar_type() == at::kFloat, "rtcnorm.", op,
+                      ": mean must hold one float32 per row (", d.rows, ")");
   want_dw = want_dw && weight.has_value();
   want_db = want_db && bias.has_value();
   c10::DeviceGuard guard(input.device());
@@ -276,8 +270,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   NormProblem p;
   p.kind = kind;
   p.dtype = to_dtype(input.scalar_type());
-  p.wdtype = w.defined() ? to_dtype(w.scalar_type())
-                         : (bias.has_value() ? to_dtype(bias->scalar_type()) : p.dtype);
+  p.wdtype = w.defined() ? to_dtype(w.scalar_type()) : (bias.has_value() ? to_dtype(bias->scalar_type()) : p.dtype);
   p.rows = d.rows;
   p.hidden = d.hidden;
   p.has_weight = w.defined();

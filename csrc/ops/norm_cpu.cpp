@@ -72,8 +72,8 @@ NormBwdOutputs norm_backward_cpu(NormKind kind, const char* op, const at::Tensor
   const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, std::nullopt);
   check_like_input(op, "grad_out", grad_out, input);
   if (grad_h.has_value()) check_like_input(op, "grad_h", *grad_h, input);
-  TORCH_CHECK_VALUE(rstd.numel() == d.rows, "rtcnorm.", op, ": rstd must hold one value per row (", d.rows,
-                    "), got ", rstd.numel());
+  TORCH_CHECK_VALUE(rstd.numel() == d.rows, "rtcnorm.", op, ": rstd must hold one value per row (", d.rows, "), got ",
+                    rstd.numel());
   if (kind == kLayerNorm)
     TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows, "rtcnorm.", op,
                       ": mean must hold one value per row (", d.rows, ")");

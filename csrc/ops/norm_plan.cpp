@@ -202,9 +202,8 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   k.threads_per_row = static_cast<int16_t>(tpr);
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
-  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) |
-            (p.zero_centered ? kZeroCentered : 0u) | (p.residual ? kResidual : 0u) |
-            (plan.cached ? kCachedRow : 0u) | (keep ? kKeepGamma : 0u) |
+  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
+            (p.residual ? kResidual : 0u) | (plan.cached ? kCachedRow : 0u) | (keep ? kKeepGamma : 0u) |
             (static_cast<unsigned>(pick(t.fwd_hints, p.hidden >= 32768 ? 3 : 1) - 1) << 9);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice.
@@ -217,8 +216,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   return plan;
 }
 
-NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
-                          bool explain) {
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
   const bool narrow = p.hidden <= (t.narrow_row > 0 ? t.narrow_row : 512);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
@@ -248,8 +246,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   k.vecs_per_thread = static_cast<int16_t>(nv);
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
-            (want_db ? kWantDb : 0u) |
-            (static_cast<unsigned>(pick(t.bwd_hints, p.hidden >= 8192 ? 3 : 1) - 1) << 9);
+            (want_db ? kWantDb : 0u) | (static_cast<unsigned>(pick(t.bwd_hints, p.hidden >= 8192 ? 3 : 1) - 1) << 9);
   // CTAs under 512 threads left uncapped take so many registers that one or
   // two fit per SM (N = 5120: 320 threads); two per SM was 45% faster.
   k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.bwd_min_blocks, tpr * rows < 512 ? 2 : 1)));

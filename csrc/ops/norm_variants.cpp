@@ -47,14 +47,11 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
   return keys;
 }
 
-const bool kRegistered =
-    register_variants("rms_norm",
-                      [](DType d, int64_t n, const std::vector<NormMode>& m, int a) {
-                        return norm_keys(kRmsNorm, d, n, m, a);
-                      }) &&
-    register_variants("layer_norm", [](DType d, int64_t n, const std::vector<NormMode>& m, int a) {
-      return norm_keys(kLayerNorm, d, n, m, a);
-    });
+const bool kRegistered = register_variants("rms_norm", [](DType d, int64_t n, const std::vector<NormMode>& m,
+                                                          int a) { return norm_keys(kRmsNorm, d, n, m, a); }) &&
+                         register_variants("layer_norm", [](DType d, int64_t n, const std::vector<NormMode>& m, int a) {
+                           return norm_keys(kLayerNorm, d, n, m, a);
+                         });
 
 }  // namespace
 }  // namespace rtcnorm

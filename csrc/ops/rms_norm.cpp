@@ -47,19 +47,23 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& input, at::Int
   return {o.y, o.rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cuda(
-    const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, std::optional<c10::string_view> mode,
-    bool zero_centered_gamma) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cuda(const at::Tensor& input, const at::Tensor& residual,
+                                                                 at::IntArrayRef normalized_shape,
+                                                                 const std::optional<at::Tensor>& weight,
+                                                                 std::optional<double> eps,
+                                                                 std::optional<c10::string_view> mode,
+                                                                 bool zero_centered_gamma) {
   auto o = norm_forward_cuda(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,
                              default_eps(input, eps), parse_mode(mode, "add_rms_norm"), zero_centered_gamma);
   return {o.y, o.h, o.rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cpu(
-    const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, std::optional<c10::string_view> mode,
-    bool zero_centered_gamma) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& input, const at::Tensor& residual,
+                                                                at::IntArrayRef normalized_shape,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                std::optional<double> eps,
+                                                                std::optional<c10::string_view> mode,
+                                                                bool zero_centered_gamma) {
   parse_mode(mode, "add_rms_norm");
   auto o = norm_forward_cpu(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,
                             default_eps(input, eps), zero_centered_gamma);

@@ -29,8 +29,8 @@ std::vector<std::string> variant_ops() {
 std::vector<jit::KernelKey> variant_keys(const std::string& op, jit::DType dtype, int64_t hidden,
                                          const std::vector<NormMode>& modes, int arch) {
   auto it = registry().find(op);
-  TORCH_CHECK_VALUE(it != registry().end(), "rtcnorm.jit.precompile: unknown op '", op, "'; known ops: ",
-                    c10::Join(", ", variant_ops()));
+  TORCH_CHECK_VALUE(it != registry().end(), "rtcnorm.jit.precompile: unknown op '", op,
+                    "'; known ops: ", c10::Join(", ", variant_ops()));
   std::vector<jit::KernelKey> keys;
   std::unordered_set<jit::KernelKey, jit::KernelKeyHash> seen;
   for (const auto& k : it->second(dtype, hidden, modes, arch))

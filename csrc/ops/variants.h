@@ -12,8 +12,8 @@
 
 namespace rtcnorm {
 
-using VariantFn = std::vector<jit::KernelKey> (*)(jit::DType dtype, int64_t hidden,
-                                                  const std::vector<NormMode>& modes, int arch);
+using VariantFn = std::vector<jit::KernelKey> (*)(jit::DType dtype, int64_t hidden, const std::vector<NormMode>& modes,
+                                                  int arch);
 
 // Called from static initializers of the op files.
 bool register_variants(const char* op, VariantFn fn);

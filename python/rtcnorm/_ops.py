@@ -28,8 +28,10 @@ def _check_shape(op, input, normalized_shape):
     nd = len(normalized_shape)
     torch._check(
         nd >= 1 and input.dim() >= nd and list(input.shape[input.dim() - nd :]) == list(normalized_shape),
-        lambda: f"rtcnorm.{op}: normalized_shape {list(normalized_shape)} must match the trailing dims of input, "
-        f"got input of shape {list(input.shape)}",
+        lambda: (
+            f"rtcnorm.{op}: normalized_shape {list(normalized_shape)} must match the trailing dims of input, "
+            f"got input of shape {list(input.shape)}"
+        ),
     )
 
 
@@ -56,9 +58,7 @@ def _rms_norm_fake(input, normalized_shape, weight=None, eps=None, mode=None, ze
 
 
 @torch.library.register_fake(_lib + "add_rms_norm")
-def _add_rms_norm_fake(
-    input, residual, normalized_shape, weight=None, eps=None, mode=None, zero_centered_gamma=False
-):
+def _add_rms_norm_fake(input, residual, normalized_shape, weight=None, eps=None, mode=None, zero_centered_gamma=False):
     check_mode(mode, "add_rms_norm")
     _check_shape("add_rms_norm", input, normalized_shape)
     _check_devices("add_rms_norm", input, residual=residual, weight=weight)
@@ -76,9 +76,7 @@ def _rms_norm_backward_fake(
 
 
 @torch.library.register_fake(_lib + "layer_norm")
-def _layer_norm_fake(
-    input, normalized_shape, weight=None, bias=None, eps=1e-5, mode=None, zero_centered_gamma=False
-):
+def _layer_norm_fake(input, normalized_shape, weight=None, bias=None, eps=1e-5, mode=None, zero_centered_gamma=False):
     check_mode(mode, "layer_norm")
     _check_shape("layer_norm", input, normalized_shape)
     _check_devices("layer_norm", input, weight=weight, bias=bias)

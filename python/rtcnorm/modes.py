@@ -73,7 +73,9 @@ def explain(
     normalized_shape = [int(s) for s in normalized_shape]
     nd = len(normalized_shape)
     if nd == 0 or shape[len(shape) - nd :] != normalized_shape:
-        raise ValueError(f"rtcnorm.explain: normalized_shape {normalized_shape} must match the trailing dims of {shape}")
+        raise ValueError(
+            f"rtcnorm.explain: normalized_shape {normalized_shape} must match the trailing dims of {shape}"
+        )
     hidden = 1
     for s in normalized_shape:
         hidden *= s

@@ -41,8 +41,7 @@ __device__ __forceinline__ void load_gamma(const void* weight, int vec_index, fl
   if constexpr ((FLAGS & kHasWeight) != 0) {
     const Pack<W, VEC> w = load_cached<W, VEC>(static_cast<const W*>(weight), 1LL * vec_index * VEC);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
+    for (int j = 0; j < VEC; ++j) g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) g[j] = 1.f;

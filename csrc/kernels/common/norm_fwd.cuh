@@ -93,8 +93,7 @@ struct NormStats<kLayerNorm> {
 
 // gamma (with the zero-centred shift applied) and beta for one vector.
 template <typename W, int VEC, unsigned FLAGS>
-__device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_index, float (&g)[VEC],
-                                            float (&b)[VEC]) {
+__device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_index, float (&g)[VEC], float (&b)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     g[j] = 1.f;
@@ -103,8 +102,7 @@ __device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_inde
   if constexpr ((FLAGS & kHasWeight) != 0) {
     const Pack<W, VEC> w = load_cached<W, VEC>(static_cast<const W*>(p.weight), 1LL * vec_index * VEC);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
+    for (int j = 0; j < VEC; ++j) g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
   }
   if constexpr ((FLAGS & kHasBias) != 0) {
     const Pack<W, VEC> bb = load_cached<W, VEC>(static_cast<const W*>(p.bias), 1LL * vec_index * VEC);

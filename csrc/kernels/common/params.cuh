@@ -44,10 +44,10 @@ struct NormFwdParams {
   RowMap residual_map;
   const void* weight;
   const void* bias;
-  void* y;            // contiguous rows x N
-  void* h;            // contiguous rows x N, written when kResidual
-  float* mean;        // rows, LayerNorm only (may be null)
-  float* rstd;        // rows
+  void* y;      // contiguous rows x N
+  void* h;      // contiguous rows x N, written when kResidual
+  float* mean;  // rows, LayerNorm only (may be null)
+  float* rstd;  // rows
   long long rows;
   long long row_blocks;  // ceil(rows / ROWS)
   float eps;
@@ -62,9 +62,9 @@ struct NormBwdParams {
   const void* weight;
   const float* mean;  // LayerNorm only
   const float* rstd;
-  void* dx;            // contiguous rows x N
-  float* partial_w;    // gridDim.x x N, when kWantDw
-  float* partial_b;    // gridDim.x x N, when kWantDb
+  void* dx;          // contiguous rows x N
+  float* partial_w;  // gridDim.x x N, when kWantDw
+  float* partial_b;  // gridDim.x x N, when kWantDb
   long long rows;
   long long row_blocks;
 };

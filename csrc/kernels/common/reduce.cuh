@@ -37,9 +37,7 @@ __device__ __forceinline__ MeanM2 merge(MeanM2 lo, MeanM2 hi) {
   return {n, lo.mean + delta * w_hi, lo.m2 + hi.m2 + delta * delta * lo.n * w_hi};
 }
 
-__device__ __forceinline__ Sum1 shfl_xor(Sum1 v, int m) {
-  return {__shfl_xor_sync(0xffffffffu, v.a, m)};
-}
+__device__ __forceinline__ Sum1 shfl_xor(Sum1 v, int m) { return {__shfl_xor_sync(0xffffffffu, v.a, m)}; }
 __device__ __forceinline__ Sum2 shfl_xor(Sum2 v, int m) {
   return {__shfl_xor_sync(0xffffffffu, v.a, m), __shfl_xor_sync(0xffffffffu, v.b, m)};
 }

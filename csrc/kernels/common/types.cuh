@@ -20,9 +20,7 @@ struct fp16 {
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 
-__device__ __forceinline__ float to_float(bf16 v) {
-  return __uint_as_float(static_cast<unsigned>(v.bits) << 16);
-}
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
 
 __device__ __forceinline__ float to_float(fp16 v) {
   float f;

@@ -64,9 +64,7 @@ __device__ __forceinline__ uint4 ld_nc_stream(const uint4* p) {
 }
 __device__ __forceinline__ uint2 ld_nc_stream(const uint2* p) {
   uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
-               : "=r"(r.x), "=r"(r.y)
-               : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
 __device__ __forceinline__ unsigned ld_nc_stream(const unsigned* p) {
