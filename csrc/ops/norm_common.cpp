@@ -137,6 +137,22 @@ void check_like_input(const char* op, const char* name, const at::Tensor& t, con
               input.device());
 }
 
+NormDims check_norm_bwd_args(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+                             const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& grad_h,
+                             at::ScalarType stats) {
+  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, std::nullopt);
+  check_like_input(op, "grad_out", grad_out, input);
+  if (grad_h.has_value()) check_like_input(op, "grad_h", *grad_h, input);
+  TORCH_CHECK_VALUE(rstd.numel() == d.rows && rstd.scalar_type() == stats, "rtcnorm.", op, ": rstd must hold one ",
+                    stats, " per row (", d.rows, "), got ", rstd.numel(), " of ", rstd.scalar_type());
+  if (kind == kLayerNorm)
+    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows && mean->scalar_type() == stats, "rtcnorm.", op,
+                      ": mean must hold one ", stats, " per row (", d.rows, ")");
+  return d;
+}
+
 std::vector<int64_t> stat_shape(const at::Tensor& input, int64_t lead) {
   return std::vector<int64_t>(input.sizes().begin(), input.sizes().begin() + lead);
 }
@@ -234,15 +250,8 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
                                   const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                   at::IntArrayRef normalized_shape, bool zero_centered, bool want_dw, bool want_db,
                                   const std::optional<at::Tensor>& grad_h) {
-  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, std::nullopt);
-  check_like_input(op, "grad_out", grad_out, input);
-  if (grad_h.has_value()) check_like_input(op, "grad_h", *grad_h, input);
-  TORCH_CHECK_VALUE(rstd.numel() == d.rows && rstd.scalar_type() == at::kFloat, "rtcnorm.", op,
-                    ": rstd must hold one float32 per row (", d.rows, "), got ", rstd.numel(), " of ",
-                    rstd.scalar_type());
-  if (kind == kLayerNorm)
-    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows && mean->scalar_type() == at::kFloat, "rtcnorm.", op,
-                      ": mean must hold one float32 per row (", d.rows, ")");
+  const NormDims d =
+      check_norm_bwd_args(kind, op, grad_out, input, mean, rstd, weight, bias, normalized_shape, grad_h, at::kFloat);
   want_dw = want_dw && weight.has_value();
   want_db = want_db && bias.has_value();
   c10::DeviceGuard guard(input.device());

@@ -33,6 +33,14 @@ NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRe
                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual);
 
+// Validates a norm backward call: the forward's checks, grad_out / grad_h like
+// input, and one statistic of dtype `stats` per row.
+NormDims check_norm_bwd_args(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+                             const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& grad_h,
+                             at::ScalarType stats);
+
 // Checks a gradient (or other per-element tensor) against input's shape/dtype/device.
 void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input);
 

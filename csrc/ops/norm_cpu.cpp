@@ -69,14 +69,8 @@ NormBwdOutputs norm_backward_cpu(NormKind kind, const char* op, const at::Tensor
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                  at::IntArrayRef normalized_shape, bool zero_centered, bool want_dw, bool want_db,
                                  const std::optional<at::Tensor>& grad_h) {
-  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, std::nullopt);
-  check_like_input(op, "grad_out", grad_out, input);
-  if (grad_h.has_value()) check_like_input(op, "grad_h", *grad_h, input);
-  TORCH_CHECK_VALUE(rstd.numel() == d.rows, "rtcnorm.", op, ": rstd must hold one value per row (", d.rows, "), got ",
-                    rstd.numel());
-  if (kind == kLayerNorm)
-    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows, "rtcnorm.", op,
-                      ": mean must hold one value per row (", d.rows, ")");
+  const NormDims d = check_norm_bwd_args(kind, op, grad_out, input, mean, rstd, weight, bias, normalized_shape, grad_h,
+                                         stat_dtype(input));
   const at::ScalarType acc = stat_dtype(input);
   const auto dims = trailing_dims(input, d.lead);
   const at::Tensor xf = input.to(acc);
