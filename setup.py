@@ -59,7 +59,13 @@ def generate_embedded_sources() -> Path:
 # per group; two groups keep both cores of a small machine busy. The member
 # files stay ordinary sources, readable and buildable on their own.
 UNITY_GROUPS = {
-    "unity_norm_ops": ["ops/norm_autograd.cpp", "ops/rms_norm.cpp", "ops/layer_norm.cpp", "registration.cpp"],
+    "unity_autograd_ops": [
+        "ops/norm_autograd.cpp",
+        "ops/softmax_autograd.cpp",
+        "ops/rms_norm.cpp",
+        "ops/layer_norm.cpp",
+        "registration.cpp",
+    ],
     "unity_shared_ops": [
         "python_bindings.cpp",
         "ops/softmax.cpp",

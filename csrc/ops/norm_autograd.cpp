@@ -9,12 +9,12 @@
 // - Statistics outputs (rstd, mean) are non-differentiable; an incoming
 //   gradient for them is ignored, and none is materialised.
 // - The weight's gradient is computed only when the weight requires it.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/zeros_like.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <optional>
+
+#include "ops/autograd_util.h"
 
 namespace rtcnorm {
 namespace {
@@ -37,18 +37,9 @@ using LnBwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, c
                                                  const std::optional<Tensor>&, const std::optional<Tensor>&,
                                                  at::IntArrayRef, bool, bool, bool);
 
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-
 // needs_input_grad counts the tensor arguments that were given: an absent
 // optional weight shifts the bias down by one.
 constexpr size_t kRmsWeightEdge = 1, kAddRmsWeightEdge = 2, kLnWeightEdge = 1;
-
-// Gradients are not materialised (that would launch a fill for every unused
-// statistics output): an unused y arrives undefined and counts as zeros.
-Tensor grad_or_zeros(const Tensor& g, const Tensor& like) { return g.defined() ? g : at::zeros_like(like); }
 
 std::optional<Tensor> opt(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
 
@@ -58,7 +49,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
                                const std::optional<Tensor>& weight, std::optional<double> eps,
                                std::optional<c10::string_view> mode, bool zero_centered) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = op<RmsFwd>("rtcnorm::rms_norm");
+    static auto fwd = typed_op<RmsFwd>("rtcnorm::rms_norm");
     auto [y, rstd] = fwd.call(input, normalized_shape, weight, eps, mode, zero_centered);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({input, weight.value_or(Tensor()), rstd});
@@ -68,7 +59,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     return {y, rstd};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op<RmsBwd>("rtcnorm::rms_norm_backward");
+    static auto bwd = typed_op<RmsBwd>("rtcnorm::rms_norm_backward");
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kRmsWeightEdge);
@@ -84,7 +75,7 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
                                at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                                std::optional<double> eps, std::optional<c10::string_view> mode, bool zero_centered) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = op<AddRmsFwd>("rtcnorm::add_rms_norm");
+    static auto fwd = typed_op<AddRmsFwd>("rtcnorm::add_rms_norm");
     auto [y, h, rstd] = fwd.call(input, residual, normalized_shape, weight, eps, mode, zero_centered);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({h, weight.value_or(Tensor()), rstd});
@@ -94,7 +85,7 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     return {y, h, rstd};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op<RmsBwd>("rtcnorm::rms_norm_backward");
+    static auto bwd = typed_op<RmsBwd>("rtcnorm::rms_norm_backward");
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kAddRmsWeightEdge);
@@ -110,7 +101,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
                                const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, double eps,
                                std::optional<c10::string_view> mode, bool zero_centered) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = op<LnFwd>("rtcnorm::layer_norm");
+    static auto fwd = typed_op<LnFwd>("rtcnorm::layer_norm");
     auto [y, mean, rstd] = fwd.call(input, normalized_shape, weight, bias, eps, mode, zero_centered);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
@@ -120,7 +111,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     return {y, mean, rstd};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op<LnBwd>("rtcnorm::layer_norm_backward");
+    static auto bwd = typed_op<LnBwd>("rtcnorm::layer_norm_backward");
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kLnWeightEdge);

@@ -1,10 +1,10 @@
-"""Fake (meta) implementations and autograd for the softmax ops.
+"""Fake (meta) implementations of the softmax ops.
 
 Schemas are defined in C++ (csrc/registration.cpp). The fake implementations
 check what can be checked from shapes and dtypes (with ``torch._check``, so
 symbolic sizes trace) and return a contiguous tensor like the real ones.
 
-Autograd saves only the output: ``dx = scale * y * (dy - sum(dy * y))``
+Autograd (in C++) saves only the output: ``dx = scale * y * (dy - sum(dy * y))``
 needs neither the input nor the mask. The backward op is not differentiable
 itself (no double backward).
 """
@@ -98,38 +98,5 @@ def _scaled_softmax_backward_fake(grad_output, output, scale, causal=False):
     return _contiguous_like(output)
 
 
-# ---- autograd ---------------------------------------------------------------
-
-
-def _save_output(ctx, inputs, output):
-    ctx.scale = inputs[-1]
-    ctx.save_for_backward(output)
-
-
-def _grad_input(ctx, grad, causal):
-    (y,) = ctx.saved_tensors
-    return torch.ops.rtcnorm.scaled_softmax_backward(grad, y, ctx.scale, causal)
-
-
-def _scaled_softmax_backward(ctx, grad):
-    return _grad_input(ctx, grad, False), None
-
-
-def _scaled_masked_softmax_backward(ctx, grad):
-    return _grad_input(ctx, grad, False), None, None
-
-
-def _causal_backward(ctx, grad):
-    return _grad_input(ctx, grad, True), None
-
-
-torch.library.register_autograd(_lib + "scaled_softmax", _scaled_softmax_backward, setup_context=_save_output)
-torch.library.register_autograd(
-    _lib + "scaled_masked_softmax", _scaled_masked_softmax_backward, setup_context=_save_output
-)
-torch.library.register_autograd(
-    _lib + "scaled_upper_triang_masked_softmax", _causal_backward, setup_context=_save_output
-)
-torch.library.register_autograd(
-    _lib + "scaled_aligned_causal_masked_softmax", _causal_backward, setup_context=_save_output
-)
+# Autograd for the four softmax ops is registered in C++
+# (csrc/ops/softmax_autograd.cpp): a Python wrapper would add host time per call.
