@@ -5,6 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <iterator>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +40,39 @@ std::vector<NormMode> parse_modes(const std::vector<std::optional<std::string>>&
     out.push_back(parse_mode(v, "jit.precompile"));
   }
   return out;
+}
+
+// The planner tunables rtcnorm._tuning reads and overrides; values above
+// `max` are clamped to it.
+struct Tunable {
+  const char* name;
+  int NormTuning::*field;
+  int64_t max;
+};
+constexpr int64_t kNoCap = std::numeric_limits<int>::max();
+constexpr Tunable kTunables[] = {
+    {"fwd_vecs_target", &NormTuning::fwd_vecs_target, kNoCap},
+    {"fwd_cta_threads", &NormTuning::fwd_cta_threads, 1024},
+    {"fwd_cache_bytes", &NormTuning::fwd_cache_bytes, kNoCap},
+    {"fwd_min_blocks", &NormTuning::fwd_min_blocks, kNoCap},
+    {"keep_gamma_floats", &NormTuning::keep_gamma_floats, kNoCap},
+    {"bwd_cache_elems", &NormTuning::bwd_cache_elems, kNoCap},
+    {"bwd_cta_threads", &NormTuning::bwd_cta_threads, 1024},
+    {"bwd_min_blocks", &NormTuning::bwd_min_blocks, kNoCap},
+    {"narrow_row", &NormTuning::narrow_row, kNoCap},
+    {"fwd_hints", &NormTuning::fwd_hints, 4},
+    {"bwd_hints", &NormTuning::bwd_hints, 4},
+};
+
+// The launch configuration explain() reports for a kernel key.
+void put_launch(py::dict& d, const jit::KernelKey& k, int64_t row_blocks) {
+  d["kernel"] = k.name_expression();
+  d["vec"] = k.vec;
+  d["threads_per_row"] = k.threads_per_row;
+  d["rows_per_cta"] = k.rows_per_cta;
+  d["vecs_per_thread"] = k.vecs_per_thread;
+  d["block"] = k.threads();
+  d["row_blocks"] = row_blocks;
 }
 
 py::dict stats_dict() {
@@ -107,13 +143,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   d["reason"] = f.reason;
   d["cached_row"] = f.cached;
   d["persistent"] = f.persistent;
-  d["vec"] = f.key.vec;
-  d["threads_per_row"] = f.key.threads_per_row;
-  d["rows_per_cta"] = f.key.rows_per_cta;
-  d["vecs_per_thread"] = f.key.vecs_per_thread;
-  d["block"] = f.key.threads();
-  d["row_blocks"] = f.row_blocks;
-  d["kernel"] = f.key.name_expression();
+  put_launch(d, f.key, f.row_blocks);
   d["sm_count"] = sm_count;
   d["arch"] = "sm_" + std::to_string(arch);
   if (device >= 0 && rows > 0) {
@@ -152,15 +182,9 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
     p.backward = backward;
     const SoftmaxPlan plan = plan_softmax(p, arch);
     py::dict e;
-    e["kernel"] = plan.key.name_expression();
+    put_launch(e, plan.key, plan.row_blocks);
     e["reason"] = describe_plan(p, plan);
     e["cached_row"] = plan.cached;
-    e["vec"] = plan.key.vec;
-    e["threads_per_row"] = plan.key.threads_per_row;
-    e["rows_per_cta"] = plan.key.rows_per_cta;
-    e["vecs_per_thread"] = plan.key.vecs_per_thread;
-    e["block"] = plan.key.threads();
-    e["row_blocks"] = plan.row_blocks;
     e["grid"] = plan.persistent ? py::cast("SMs x min(occupancy, " + std::to_string(kStreamCtasPerSm) + ")")
                                 : py::cast(plan.row_blocks);
     d[backward ? "backward" : "forward"] = e;
@@ -194,51 +218,19 @@ PYBIND11_MODULE(_C, m) {
         py::arg("archs"), py::arg("threads") = 0);
   m.def("explain_norm", &explain_norm);
   m.def("_norm_tuning", [] {
-    const NormTuning& t = norm_tuning();
     py::dict d;
-    d["fwd_vecs_target"] = t.fwd_vecs_target;
-    d["fwd_cta_threads"] = t.fwd_cta_threads;
-    d["fwd_cache_bytes"] = t.fwd_cache_bytes;
-    d["fwd_min_blocks"] = t.fwd_min_blocks;
-    d["keep_gamma_floats"] = t.keep_gamma_floats;
-    d["bwd_cache_elems"] = t.bwd_cache_elems;
-    d["bwd_cta_threads"] = t.bwd_cta_threads;
-    d["bwd_min_blocks"] = t.bwd_min_blocks;
-    d["narrow_row"] = t.narrow_row;
-    d["fwd_hints"] = t.fwd_hints;
-    d["bwd_hints"] = t.bwd_hints;
+    for (const Tunable& x : kTunables) d[x.name] = norm_tuning().*x.field;
     return d;
   });
   m.def("_set_norm_tuning", [](const py::dict& d) {
-    NormTuning& t = norm_tuning();
     for (auto [k, v] : d) {
       const std::string key = py::cast<std::string>(k);
       const int64_t val = py::cast<int64_t>(v);
       if (val < 0) throw py::value_error("rtcnorm._tuning: " + key + " must be >= 0 (0: the planner's rule)");
-      if (key == "fwd_vecs_target")
-        t.fwd_vecs_target = int(val);
-      else if (key == "fwd_cta_threads")
-        t.fwd_cta_threads = int(std::min<int64_t>(val, 1024));
-      else if (key == "fwd_cache_bytes")
-        t.fwd_cache_bytes = int(val);
-      else if (key == "fwd_min_blocks")
-        t.fwd_min_blocks = int(val);
-      else if (key == "keep_gamma_floats")
-        t.keep_gamma_floats = int(val);
-      else if (key == "bwd_cache_elems")
-        t.bwd_cache_elems = int(val);
-      else if (key == "bwd_cta_threads")
-        t.bwd_cta_threads = int(std::min<int64_t>(val, 1024));
-      else if (key == "bwd_min_blocks")
-        t.bwd_min_blocks = int(val);
-      else if (key == "narrow_row")
-        t.narrow_row = val;
-      else if (key == "fwd_hints")
-        t.fwd_hints = int(std::min<int64_t>(val, 4));
-      else if (key == "bwd_hints")
-        t.bwd_hints = int(std::min<int64_t>(val, 4));
-      else
-        throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
+      const Tunable* x =
+          std::find_if(std::begin(kTunables), std::end(kTunables), [&](const Tunable& t) { return key == t.name; });
+      if (x == std::end(kTunables)) throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
+      norm_tuning().*x->field = static_cast<int>(std::min(val, x->max));
     }
   });
   m.def("explain_softmax", &explain_softmax);

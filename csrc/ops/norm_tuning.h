@@ -24,7 +24,7 @@ struct NormTuning {
   int bwd_cta_threads = 0;
   int bwd_min_blocks = 0;
   // Rows at or below this width are "narrow" for the mode heuristic.
-  int64_t narrow_row = 0;
+  int narrow_row = 0;
   // Memory hints as 1 + bits (kL2Prefetch, kStreamStore >> 9): 1 means none.
   int fwd_hints = 0;
   int bwd_hints = 0;
