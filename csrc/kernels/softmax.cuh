@@ -24,6 +24,9 @@
 //   likely still in L2).
 // - The row-block loop is uniform across the CTA (rows past the end still
 //   take part in the barriers of group_allreduce).
+// - MINB is the launch-bounds minimum of resident CTAs per SM: registers are
+//   capped at 65536 / (MINB * TPR * ROWS) per thread. OPTS holds SoftmaxOpt
+//   bits; kSoftmaxPrefetch and kSoftmaxKeepExp act on cached rows only.
 // - Causal rows never read past their last visible key: vectors wholly
 //   beyond it are neither loaded nor computed, only written as zeros; the
 //   one straddling it is loaded and its masked lanes set to -inf. The
@@ -33,19 +36,6 @@
 #include "common/softmax_math.cuh"
 
 namespace rtcnorm {
-
-// Launch bounds reserve registers for 1024 resident threads per SM, so every
-// kernel stays at <= 64 registers per thread: a 512-thread CTA caching a
-// 64 KiB row then still fits twice on an SM.
-template <int THREADS>
-struct SoftmaxBounds {
-  static constexpr int kMinBlocks = THREADS >= 1024 ? 1 : 1024 / THREADS;
-};
-
-// Cached rows of at most this many elements per thread keep exp2(z - m) in
-// fp32 registers for the write pass; longer ones recompute it (MUFU is cheap
-// next to the registers 64 extra values would take).
-constexpr int kKeepExpElems = 16;
 
 // z_j = x_j * s2 - off in one rounding (so exp2(z) stays accurate for large
 // logits close to the max), or -inf where masked out or past len.
@@ -77,11 +67,21 @@ struct SoftmaxRow {
   int nload;  // vectors holding at least one visible element
 };
 
-template <int VEC, int TPR, int ROWS, bool CAUSAL>
-__device__ __forceinline__ SoftmaxRow softmax_row(int rb, const FastDiv& sq, int rows, int cols, int diag) {
+// The row a thread's group takes at row block rb: the step index itself, or
+// with HEADS_INNER its place in the order where the bcast rows sharing one
+// mask row are consecutive (see SoftmaxFwdParams). Steps past the end keep
+// their index and are not ok.
+template <int VEC, int TPR, int ROWS, bool CAUSAL, bool HEADS_INNER = false>
+__device__ __forceinline__ SoftmaxRow softmax_row(int rb, const FastDiv& sq, int rows, int cols, int diag,
+                                                  const FastDiv* inner = nullptr, const FastDiv* bcast = nullptr) {
   SoftmaxRow r;
   r.row = static_cast<unsigned>(rb) * ROWS + threadIdx.x / TPR;
   r.ok = r.row < static_cast<unsigned>(rows);
+  if (HEADS_INNER && r.ok) {
+    const unsigned t = fast_div(*bcast, r.row);
+    const unsigned o = fast_div(*inner, t);
+    r.row = (o * bcast->d + (r.row - t * bcast->d)) * inner->d + (t - o * inner->d);
+  }
   r.len = cols;
   if (CAUSAL && r.ok) {
     const int q = static_cast<int>(r.row - fast_div(sq, r.row) * sq.d);
@@ -91,12 +91,13 @@ __device__ __forceinline__ SoftmaxRow softmax_row(int rb, const FastDiv& sq, int
   return r;
 }
 
-template <typename T, int VEC, int TPR, int ROWS, int NV, int KIND, bool CACHED>
-__global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBlocks)
-    softmax_fwd(const SoftmaxFwdParams p) {
+template <typename T, int VEC, int TPR, int ROWS, int NV, int KIND, bool CACHED, int MINB, unsigned OPTS>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdParams p) {
   using PT = Pack<T, VEC>;
   constexpr int kChunk = TPR * NV;
-  constexpr bool kKeepExp = CACHED && NV * VEC <= kKeepExpElems;
+  constexpr bool kKeepExp = CACHED && (OPTS & kSoftmaxKeepExp) != 0;
+  constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
+  constexpr bool kHeadsInner = KIND == kSoftmaxMasked && (OPTS & kSoftmaxHeadsInner) != 0;
   constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
 
@@ -107,8 +108,28 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
   const int nvec = p.cols / VEC;
   const float s2 = p.scale_log2;
 
+  auto row_at = [&](int rb) {
+    return softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal, kHeadsInner>(rb, p.sq, p.rows, p.cols, p.diag, &p.inner,
+                                                                            &p.bcast);
+  };
+  // The visible part of row block rb's rows (x and mask) into L2.
+  auto prefetch_rows = [&](int rb) {
+    if (rb >= p.row_blocks) return;
+    const SoftmaxRow n = row_at(rb);
+    if (!n.ok) return;
+    const long long nx = row_offset(p.x_rows, n.row);
+    const long long nm = KIND == kSoftmaxMasked ? row_offset(p.mask_rows, n.row) : 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (v >= n.nload) continue;
+      prefetch_l2<T, VEC>(x, nx + 1LL * v * VEC);
+      if constexpr (KIND == kSoftmaxMasked) prefetch_l2<unsigned char, VEC>(p.mask, nm + 1LL * v * VEC);
+    }
+  };
+
   for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
-    const SoftmaxRow r = softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal>(rb, p.sq, p.rows, p.cols, p.diag);
+    const SoftmaxRow r = row_at(rb);
     const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
     const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
     const long long yoff = static_cast<long long>(r.row) * p.cols;
@@ -135,6 +156,7 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
       PT xv[NV];
       unsigned mw[kMaskWords];
       load_chunk(0, xv, mw);
+      if constexpr (kPrefetch) prefetch_rows(rb + gridDim.x);
       float m = neg_inf();
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -239,11 +261,11 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
   }
 }
 
-template <typename T, int VEC, int TPR, int ROWS, int NV, bool CAUSAL, bool CACHED>
-__global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBlocks)
-    softmax_bwd(const SoftmaxBwdParams p) {
+template <typename T, int VEC, int TPR, int ROWS, int NV, bool CAUSAL, bool CACHED, int MINB, unsigned OPTS>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdParams p) {
   using PT = Pack<T, VEC>;
   constexpr int kChunk = TPR * NV;
+  constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
@@ -252,6 +274,22 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);
   const int nvec = p.cols / VEC;
+
+  // The visible part of row block rb's rows (y and dy) into L2.
+  auto prefetch_rows = [&](int rb) {
+    if (rb >= p.row_blocks) return;
+    const SoftmaxRow n = softmax_row<VEC, TPR, ROWS, CAUSAL>(rb, p.sq, p.rows, p.cols, p.diag);
+    if (!n.ok) return;
+    const long long ny = static_cast<long long>(n.row) * p.cols;
+    const long long ng = row_offset(p.dy_rows, n.row);
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (v >= n.nload) continue;
+      prefetch_l2<T, VEC>(y, ny + 1LL * v * VEC);
+      prefetch_l2<T, VEC>(dy, ng + 1LL * v * VEC);
+    }
+  };
 
   for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
     const SoftmaxRow r = softmax_row<VEC, TPR, ROWS, CAUSAL>(rb, p.sq, p.rows, p.cols, p.diag);
@@ -301,6 +339,7 @@ __global__ void __launch_bounds__(TPR* ROWS, SoftmaxBounds<TPR * ROWS>::kMinBloc
     if constexpr (CACHED) {
       PT yv[NV], gv[NV];
       load_chunk(0, yv, gv);
+      if constexpr (kPrefetch) prefetch_rows(rb + gridDim.x);
       const float dot = group_allreduce<TPR, ROWS>(Sum1{dot_chunk(0, yv, gv, 0.f)}, scratch).a;
       store_chunk(0, yv, gv, dot);
     } else {

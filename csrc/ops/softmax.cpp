@@ -22,7 +22,7 @@
 namespace rtcnorm {
 
 static_assert(sizeof(FastDiv) == 16 && sizeof(RowIndex) == 88, "RowIndex layout must match the device's");
-static_assert(sizeof(SoftmaxFwdParams) == 240 && sizeof(SoftmaxBwdParams) == 152,
+static_assert(sizeof(SoftmaxFwdParams) == 272 && sizeof(SoftmaxBwdParams) == 152,
               "softmax parameter blocks must match the device layout");
 
 const char* softmax_op_name(SoftmaxOp op) {
@@ -178,6 +178,26 @@ int vec_for_rows(const at::Tensor& t, const RowIndex& ri, int esize, int vmax) {
   return v;
 }
 
+// Finds the innermost broadcast (stride 0) group of the mask's rows that has
+// rows of its own below it: rows = outer x bcast x inner with the mask row a
+// function of (outer, inner) only. Taking the bcast rows of one mask row
+// consecutively reads that mask row from DRAM once.
+bool mask_broadcast_split(const RowIndex& mr, int64_t rows, int64_t* inner, int64_t* bcast) {
+  int64_t below = 1;
+  for (int g = 0; g < mr.groups; ++g) {
+    const bool outermost = g + 1 == mr.groups;
+    const int64_t size = outermost ? rows / below : mr.size[g].d;
+    if (g > 0 && mr.stride[g] == 0 && size > 1 && below > 1) {
+      *inner = below;
+      *bcast = size;
+      return true;
+    }
+    if (outermost) break;
+    below *= size;
+  }
+  return false;
+}
+
 void check_launch_size(const char* op, const SoftmaxDims& d) {
   TORCH_CHECK_VALUE(d.rows <= std::numeric_limits<int32_t>::max(), "rtcnorm.", op,
                     ": at most 2^31 - 1 rows (the product of all dims but the last) are supported on CUDA, got ",
@@ -233,6 +253,10 @@ at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at:
   prob.cols = d.cols;
   prob.max_vec = vec;
   prob.kind = softmax_kind(op);
+  int64_t inner = 1, bcast = 1;
+  prob.mask_bcast = m.defined() && mask_broadcast_split(prm.mask_rows, d.rows, &inner, &bcast);
+  prm.inner = make_fast_div(inner);
+  prm.bcast = make_fast_div(bcast);
 
   prm.x = x.data_ptr();
   prm.mask = m.defined() ? static_cast<const unsigned char*>(m.data_ptr()) : nullptr;

@@ -16,7 +16,10 @@ using jit::DType;
 using jit::KernelFamily;
 using jit::KernelKey;
 
+// Key flags: bit 0 cached, bits 4..7 the SoftmaxOpt bits (OPTS), bits 8..15
+// the launch-bounds min blocks (MINB); every bit reaches the expression.
 constexpr unsigned kCachedFlag = 1u;
+constexpr int kOptsShift = 4, kMinBlocksShift = 8;
 
 std::string softmax_expression(const char* kernel, const KernelKey& k) {
   std::ostringstream os;
@@ -26,7 +29,8 @@ std::string softmax_expression(const char* kernel, const KernelKey& k) {
     os << k.variant;
   else
     os << (k.variant != 0 ? "true" : "false");
-  os << ", " << ((k.flags & kCachedFlag) != 0 ? "true" : "false") << ">";
+  os << ", " << ((k.flags & kCachedFlag) != 0 ? "true" : "false") << ", " << ((k.flags >> kMinBlocksShift) & 0xffu)
+     << ", " << ((k.flags >> kOptsShift) & 0xfu) << "u>";
   return os.str();
 }
 
@@ -38,22 +42,34 @@ int64_t pow2_ceil(int64_t v) {
 }
 
 // Per-thread register budgets for the raw row data (x; or y and dy), in
-// 32-bit registers. Every kernel is held to 64 registers (SoftmaxBounds), and
-// ptxas needs the rest for addresses, exponentials and the reduction.
+// 32-bit registers. Every kernel is held to 64 registers (kResidentThreads),
+// and ptxas needs the rest for addresses, exponentials and the reduction.
 constexpr int kTargetRegs = 16;  // 64 bytes in flight per thread: enough for HBM
 constexpr int kMaxRegs = 32;     // a cached row may grow to this before adding threads
+// Launch bounds reserve registers for this many resident threads per SM
+// (64 per thread): a 512-thread CTA caching a 64 KiB row still fits twice.
+constexpr int kResidentThreads = 1024;
+// Cached rows of at most this many elements per thread keep exp2(z - m) in
+// fp32 registers for the write pass; longer ones recompute it (MUFU is cheap
+// next to the registers 64 extra values would take).
+constexpr int kKeepExpElems = 16;
 // Streamed chunks stay small: ptxas overlaps a chunk's loads with the previous
 // chunk's math, holding two chunks live.
 constexpr int kStreamRegs = 8;
 constexpr int kStreamThreads = 512;
 constexpr int kCtaThreads = 256;  // rows shorter than a CTA share one
+constexpr int kLongMaskedCols = 4096;
+constexpr int kLongMaskedThreads = 128;
 // Past this many threads a row group needs barriers; up to kMaxRegs per thread
 // a warp per row is preferred (shuffles only).
 constexpr int kWarp = 32;
 
+int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
+bool switch_on(int override_value, bool rule) { return override_value > 0 ? override_value == 2 : rule; }
+
 // Most threads a register-cached row may use. RTCNORM_SOFTMAX_CACHE_THREADS
 // (a power of two, 32 to 1024) lowers it for tuning: longer rows then stream.
-int max_cached_threads() {
+int env_cached_threads() {
   static const int v = [] {
     const char* e = std::getenv("RTCNORM_SOFTMAX_CACHE_THREADS");
     if (e == nullptr || *e == '\0') return 1024;
@@ -64,6 +80,8 @@ int max_cached_threads() {
   }();
   return v;
 }
+
+int max_cached_threads() { return pick(softmax_tuning().cache_threads, env_cached_threads()); }
 
 int choose_vec(const SoftmaxProblem& p) {
   int vec = 16 / jit::element_size(p.dtype);
@@ -79,18 +97,34 @@ const KernelFamily kSoftmaxBwd{"softmax_bwd", "softmax.cuh",
                                [](const KernelKey& k) { return softmax_expression("softmax_bwd", k); }};
 
 SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
+  const SoftmaxTuning& t = softmax_tuning();
+  const bool bwd = p.backward;
+  const int target_regs = pick(bwd ? t.bwd_target_regs : t.fwd_target_regs, kTargetRegs);
+  const int max_regs = std::max(target_regs, pick(bwd ? t.bwd_max_regs : t.fwd_max_regs, kMaxRegs));
+  int cta_threads = pick(bwd ? t.bwd_cta_threads : t.fwd_cta_threads, kCtaThreads);
+  // Masked forward rows of >= 4096 keys with a mask broadcast over heads
+  // (H100 sweep, benchmarks/NOTES.md): the heads sharing a mask row run back
+  // to back, so that row is read from DRAM once rather than once per head
+  // (sq rows apart, the heads' mask re-reads miss L2 from sk = 4096 up), and
+  // a row takes a CTA of its own with at least 128 threads: 69-73% -> 78-85%
+  // of copy.
+  const bool long_masked = !bwd && p.kind == kSoftmaxMasked && p.mask_bcast && p.cols >= kLongMaskedCols;
   const int vec = choose_vec(p);
-  const int tensors = p.backward ? 2 : 1;
+  const int tensors = bwd ? 2 : 1;
   const int regs_per_vec = tensors * std::max(1, vec * jit::element_size(p.dtype) / 4);
   // Forward rows of single elements spill past 8 per thread (each element is
   // predicated, masked and exponentiated on its own).
-  const int max_nv = std::min(std::max(1, kMaxRegs / regs_per_vec), !p.backward && vec == 1 ? 8 : 32);
-  const int target_nv = std::min(max_nv, std::max(1, kTargetRegs / regs_per_vec));
+  const int max_nv = std::min(std::max(1, max_regs / regs_per_vec), !bwd && vec == 1 ? 8 : 32);
+  const int target_nv = std::min(max_nv, std::max(1, target_regs / regs_per_vec));
   const int64_t nvec = p.cols / vec;
 
   int64_t tpr = pow2_ceil(ceil_div(nvec, target_nv));
   if (tpr > kWarp && ceil_div(nvec, kWarp) <= max_nv) tpr = kWarp;
-  if (tpr > kCtaThreads) tpr = std::max<int64_t>(kCtaThreads, pow2_ceil(ceil_div(nvec, max_nv)));
+  if (tpr > cta_threads) tpr = std::max<int64_t>(cta_threads, pow2_ceil(ceil_div(nvec, max_nv)));
+  if (long_masked && t.fwd_target_regs == 0 && t.fwd_cta_threads == 0) {
+    tpr = std::max<int64_t>(kLongMaskedThreads, pow2_ceil(ceil_div(nvec, max_nv)));
+    cta_threads = static_cast<int>(std::min<int64_t>(tpr, kCtaThreads));
+  }
 
   SoftmaxPlan plan;
   plan.cached = tpr <= max_cached_threads();
@@ -99,14 +133,25 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
     // Rounded up to a power of two: one kernel serves every length in
     // (capacity / 2, capacity], so growing lengths reuse kernels.
     nv = static_cast<int>(pow2_ceil(ceil_div(nvec, tpr)));
-    rows = tpr < kCtaThreads ? static_cast<int>(kCtaThreads / tpr) : 1;
+    rows = tpr < cta_threads ? static_cast<int>(cta_threads / tpr) : 1;
   } else {
-    tpr = kStreamThreads;
-    nv = std::max(1, kStreamRegs * tensors / regs_per_vec);
+    tpr = pick(t.stream_threads, kStreamThreads);
+    nv = std::min(32, std::max(1, pick(t.stream_regs, kStreamRegs) * tensors / regs_per_vec));
     rows = 1;
   }
-  plan.persistent = !plan.cached;
+  plan.persistent = !plan.cached || switch_on(bwd ? t.bwd_persistent : t.fwd_persistent, false);
+  plan.ctas_per_sm = pick(t.ctas_per_sm, plan.cached ? 0 : kStreamCtasPerSm);
   plan.row_blocks = ceil_div(p.rows, rows);
+
+  const int threads = static_cast<int>(tpr) * rows;
+  const int min_blocks = std::min(
+      255, std::max(1, pick(bwd ? t.bwd_resident_threads : t.fwd_resident_threads, kResidentThreads) / threads));
+  unsigned opts = 0;
+  if (plan.cached && !bwd && nv * vec <= pick(t.keep_exp_elems, kKeepExpElems)) opts |= kSoftmaxKeepExp;
+  if (plan.cached && plan.persistent && switch_on(bwd ? t.bwd_prefetch : t.fwd_prefetch, false))
+    opts |= kSoftmaxPrefetch;
+  if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && switch_on(t.mask_order, long_masked))
+    opts |= kSoftmaxHeadsInner;
 
   KernelKey k;
   k.family = p.backward ? &kSoftmaxBwd : &kSoftmaxFwd;
@@ -117,7 +162,8 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   k.threads_per_row = static_cast<int16_t>(tpr);
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
-  k.flags = plan.cached ? kCachedFlag : 0u;
+  k.flags =
+      (plan.cached ? kCachedFlag : 0u) | (opts << kOptsShift) | (static_cast<unsigned>(min_blocks) << kMinBlocksShift);
   k.variant = static_cast<int16_t>(p.backward ? (p.kind == kSoftmaxCausal ? 1 : 0) : p.kind);
   k.arch = static_cast<int16_t>(arch);
   plan.key = k;
@@ -126,8 +172,13 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
 
 int64_t softmax_grid(const SoftmaxPlan& plan, int sm_count, int blocks_per_sm) {
   if (!plan.persistent) return plan.row_blocks;
-  const int per_sm = std::max(1, std::min(blocks_per_sm, kStreamCtasPerSm));
+  const int per_sm = std::max(1, plan.ctas_per_sm > 0 ? std::min(blocks_per_sm, plan.ctas_per_sm) : blocks_per_sm);
   return std::max<int64_t>(1, std::min<int64_t>(plan.row_blocks, int64_t(sm_count) * per_sm));
+}
+
+std::string describe_grid(const SoftmaxPlan& plan) {
+  if (!plan.persistent) return std::to_string(plan.row_blocks);
+  return plan.ctas_per_sm > 0 ? "SMs x min(occupancy, " + std::to_string(plan.ctas_per_sm) + ")" : "SMs x occupancy";
 }
 
 std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
@@ -137,14 +188,61 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
   if (plan.cached) {
     os << "row of " << p.cols << " kept in registers (" << data << " read once): " << k.threads_per_row
        << " threads per row, " << k.vecs_per_thread << " vectors of " << k.vec << " per thread, " << k.rows_per_cta
-       << " rows per CTA; kernel serves rows of up to " << k.hidden << " elements; grid = one CTA per row block";
+       << " rows per CTA; kernel serves rows of up to " << k.hidden << " elements; grid = "
+       << (plan.persistent ? describe_grid(plan) + ", CTAs stride over row blocks" : "one CTA per row block");
   } else {
     os << "row of " << p.cols << " exceeds the register cache (" << max_cached_threads()
        << " threads per row): streamed in chunks of " << k.threads_per_row * k.vecs_per_thread * k.vec << " elements, "
        << data << " re-read (mostly from L2) for the " << (p.backward ? "dx pass" : "normalize pass")
-       << "; grid = SMs x min(occupancy, " << kStreamCtasPerSm << ")";
+       << "; grid = " << describe_grid(plan);
   }
+  const unsigned opts = (k.flags >> kOptsShift) & 0xfu;
+  os << "; launch bounds: " << ((k.flags >> kMinBlocksShift) & 0xffu) << " CTAs per SM";
+  if (opts & kSoftmaxKeepExp) os << "; exp2 kept in registers";
+  if (opts & kSoftmaxPrefetch) os << "; next row block prefetched into L2";
+  if (opts & kSoftmaxHeadsInner) os << "; rows sharing a mask row taken consecutively";
   if (p.kind == kSoftmaxCausal) os << "; causal: keys past the diagonal are neither read nor computed";
+  return os.str();
+}
+
+SoftmaxTuning& softmax_tuning() {
+  static SoftmaxTuning t;
+  return t;
+}
+
+const SoftmaxTunable kSoftmaxTunables[] = {
+    {"fwd_target_regs", &SoftmaxTuning::fwd_target_regs, 1, 128, false},
+    {"fwd_max_regs", &SoftmaxTuning::fwd_max_regs, 1, 256, false},
+    {"bwd_target_regs", &SoftmaxTuning::bwd_target_regs, 1, 128, false},
+    {"bwd_max_regs", &SoftmaxTuning::bwd_max_regs, 1, 256, false},
+    {"fwd_cta_threads", &SoftmaxTuning::fwd_cta_threads, 32, 1024, true},
+    {"bwd_cta_threads", &SoftmaxTuning::bwd_cta_threads, 32, 1024, true},
+    {"fwd_resident_threads", &SoftmaxTuning::fwd_resident_threads, 32, 2048, false},
+    {"bwd_resident_threads", &SoftmaxTuning::bwd_resident_threads, 32, 2048, false},
+    {"fwd_persistent", &SoftmaxTuning::fwd_persistent, 1, 2, false},
+    {"bwd_persistent", &SoftmaxTuning::bwd_persistent, 1, 2, false},
+    {"fwd_prefetch", &SoftmaxTuning::fwd_prefetch, 1, 2, false},
+    {"bwd_prefetch", &SoftmaxTuning::bwd_prefetch, 1, 2, false},
+    {"keep_exp_elems", &SoftmaxTuning::keep_exp_elems, 1, 256, false},
+    {"mask_order", &SoftmaxTuning::mask_order, 1, 2, false},
+    {"ctas_per_sm", &SoftmaxTuning::ctas_per_sm, 1, 32, false},
+    {"cache_threads", &SoftmaxTuning::cache_threads, 32, 1024, true},
+    {"stream_regs", &SoftmaxTuning::stream_regs, 1, 64, false},
+    {"stream_threads", &SoftmaxTuning::stream_threads, 32, 1024, true},
+};
+const int kNumSoftmaxTunables = static_cast<int>(sizeof(kSoftmaxTunables) / sizeof(kSoftmaxTunables[0]));
+
+std::string check_softmax_tunable(const SoftmaxTunable& t, int64_t value) {
+  if (value == 0) return "";
+  const bool in_range = value >= t.lo && value <= t.hi;
+  if (in_range && (!t.pow2 || (value & (value - 1)) == 0)) return "";
+  std::ostringstream os;
+  os << "rtcnorm._tuning: softmax " << t.name << " must be 0 (the planner's rule) or ";
+  if (t.hi == 2)
+    os << "1 (off) or 2 (on)";
+  else
+    os << (t.pow2 ? "a power of two " : "") << "from " << t.lo << " to " << t.hi;
+  os << ", got " << value;
   return os.str();
 }
 
@@ -152,7 +250,7 @@ namespace {
 
 // Every kernel an op may launch for (dtype, sk, arch): its forward and the
 // backward its autograd calls. Assumes aligned tensors (the widest vector
-// access), as freshly allocated tensors are.
+// access), as freshly allocated tensors are, and a mask broadcast over heads.
 std::vector<KernelKey> softmax_keys(SoftmaxKind kind, DType dtype, int64_t cols, int arch) {
   SoftmaxProblem p;
   p.dtype = dtype;
@@ -160,6 +258,7 @@ std::vector<KernelKey> softmax_keys(SoftmaxKind kind, DType dtype, int64_t cols,
   p.cols = cols;
   p.max_vec = 16;
   p.kind = kind;
+  p.mask_bcast = kind == kSoftmaxMasked;
   std::vector<KernelKey> keys = {plan_softmax(p, arch).key};
   p.backward = true;
   keys.push_back(plan_softmax(p, arch).key);

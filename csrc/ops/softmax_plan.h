@@ -8,6 +8,7 @@
 
 #include "jit/kernel_key.h"
 #include "kernels/common/softmax_params.cuh"
+#include "ops/softmax_tuning.h"
 
 namespace rtcnorm {
 
@@ -18,12 +19,16 @@ struct SoftmaxProblem {
   int max_vec = 1;                   // widest access every pointer and stride allows (elements)
   SoftmaxKind kind = kSoftmaxPlain;  // forward; the backward only asks "causal or not"
   bool backward = false;
+  // Masked forward: the mask is constant along a dim that has rows of its
+  // own below it (e.g. (b, 1, sq, sk) against (b, h, sq, sk)).
+  bool mask_bcast = false;
 };
 
 struct SoftmaxPlan {
   jit::KernelKey key;
   bool cached = false;      // the row stays in registers: one read of each input
-  bool persistent = false;  // streamed rows: grid = SMs x min(occupancy, kStreamCtasPerSm)
+  bool persistent = false;  // grid = SMs x min(occupancy, ctas_per_sm); CTAs stride over row blocks
+  int ctas_per_sm = 0;      // persistent: the cap (0: occupancy)
   int64_t row_blocks = 0;
 };
 
@@ -37,6 +42,8 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan);
 constexpr int kStreamCtasPerSm = 2;
 
 int64_t softmax_grid(const SoftmaxPlan& plan, int sm_count, int blocks_per_sm);
+// The grid as explain() shows it before a kernel is loaded.
+std::string describe_grid(const SoftmaxPlan& plan);
 
 extern const jit::KernelFamily kSoftmaxFwd, kSoftmaxBwd;
 

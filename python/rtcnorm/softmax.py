@@ -119,11 +119,29 @@ class FusedScaleMaskSoftmax(nn.Module):
         return f"mask_type={self.mask_type!r}, scale={self.scale}"
 
 
-def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = "sm_90") -> dict:
+def _mask_bcast(mask_shape, shape) -> bool:
+    """Whether a mask of ``mask_shape`` is constant along a leading dim of
+    ``shape`` that has a non-broadcast leading dim of size > 1 inside it."""
+    lead = shape[:-1]
+    m = [1] * (len(shape) - len(mask_shape)) + list(mask_shape)
+    m = m[:-1]
+    seen_inner = False
+    for d in range(len(lead) - 1, -1, -1):
+        if lead[d] == 1:
+            continue
+        if m[d] == 1 and seen_inner:
+            return True
+        seen_inner = seen_inner or m[d] != 1
+    return False
+
+
+def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = "sm_90", mask_shape=None) -> dict:
     """The forward and backward launch plans of a softmax op for an input of ``shape``, and why.
 
     ``op`` is one of the four forward op names. Assumes aligned tensors (the
-    widest vector access), as freshly allocated ones are. Needs no GPU.
+    widest vector access), as freshly allocated ones are. ``mask_shape``
+    (scaled_masked_softmax) tells whether the mask is broadcast over a dim
+    such as heads. Needs no GPU.
     """
     shape = [int(s) for s in shape]
     if not shape:
@@ -131,6 +149,8 @@ def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = 
     rows = 1
     for s in shape[:-1]:
         rows *= s
+    bcast = mask_shape is not None and _mask_bcast([int(s) for s in mask_shape], shape)
     from . import _C
 
-    return _C.explain_softmax(op, rows, shape[-1], dtype_name(dtype), int(str(arch).lower().removeprefix("sm_")))
+    arch_number = int(str(arch).lower().removeprefix("sm_"))
+    return _C.explain_softmax(op, rows, shape[-1], dtype_name(dtype), arch_number, bcast)

@@ -43,6 +43,20 @@ enum SoftmaxKind : int {
   kSoftmaxCausal = 2,  // keys j > q + diag, for the row's query index q
 };
 
+// Kernel options (the OPTS template argument; the planner sets them):
+// - kSoftmaxKeepExp: a cached row keeps exp2(z - m) in fp32 registers for
+//   the write pass instead of recomputing it.
+// - kSoftmaxPrefetch: a cached row block asks L2 for the next row block the
+//   CTA will take (grid-stride loop) while it reduces and writes this one.
+// - kSoftmaxHeadsInner (masked forward only): rows are taken in an order
+//   where the rows that share one mask row (a broadcast dim, e.g. heads) are
+//   consecutive, so a mask row is read from DRAM once and then hits L2.
+enum SoftmaxOpt : unsigned {
+  kSoftmaxKeepExp = 1u,
+  kSoftmaxPrefetch = 2u,
+  kSoftmaxHeadsInner = 4u,
+};
+
 struct SoftmaxFwdParams {
   const void* x;
   RowIndex x_rows;
@@ -56,6 +70,11 @@ struct SoftmaxFwdParams {
   int diag;          // kSoftmaxCausal: sk - sq (>= 0)
   float scale_log2;  // scale * log2(e): exp(scale * x) == exp2(scale_log2 * x)
   int pad_;
+  // kSoftmaxHeadsInner: rows = outer x bcast x inner, the mask constant along
+  // bcast; step i takes row ((i / bcast) / inner * bcast + i % bcast) * inner
+  // + (i / bcast) % inner.
+  FastDiv inner;
+  FastDiv bcast;
 };
 
 struct SoftmaxBwdParams {

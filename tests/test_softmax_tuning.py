@@ -1,0 +1,117 @@
+"""The softmax planner's tunables (rtcnorm._tuning.softmax_*), without a GPU.
+
+Round trips, argument errors that name the field, that overrides reach the
+kernel key (so the JIT cache never confuses variants), and that the kernel
+variants only overrides can reach compile with NVRTC.
+"""
+
+from __future__ import annotations
+
+import pytest
+import rtcnorm
+import torch
+from rtcnorm import _tuning
+
+MASKED = "scaled_masked_softmax"
+
+
+def plan(shape=(4, 32, 1024, 4096), op=MASKED, **kw):
+    b, h, sq, sk = shape
+    return rtcnorm.softmax.explain(op, shape, torch.bfloat16, mask_shape=(b, 1, sq, sk), **kw)
+
+
+def test_defaults_are_rules():
+    values = _tuning.softmax_get()
+    assert values and all(v == 0 for v in values.values())
+    assert {"fwd_target_regs", "fwd_max_regs", "fwd_cta_threads", "fwd_resident_threads", "fwd_persistent",
+            "fwd_prefetch", "mask_order", "stream_regs", "bwd_resident_threads"} <= set(values)  # fmt: skip
+
+
+def test_override_round_trip():
+    before = _tuning.softmax_get()
+    with _tuning.softmax_override(fwd_target_regs=32, fwd_persistent=2, ctas_per_sm=4):
+        now = _tuning.softmax_get()
+        assert now["fwd_target_regs"] == 32 and now["fwd_persistent"] == 2 and now["ctas_per_sm"] == 4
+    assert _tuning.softmax_get() == before
+
+
+def test_override_restores_after_error():
+    before = _tuning.softmax_get()
+    with pytest.raises(RuntimeError, match="boom"):
+        with _tuning.softmax_override(fwd_cta_threads=128):
+            raise RuntimeError("boom")
+    assert _tuning.softmax_get() == before
+
+
+@pytest.mark.parametrize(
+    ("values", "exc", "match"),
+    [
+        ({"fwd_cta_threads": 100}, ValueError, "fwd_cta_threads must be 0.*power of two from 32 to 1024, got 100"),
+        ({"fwd_persistent": 3}, ValueError, r"fwd_persistent must be 0.*1 \(off\) or 2 \(on\), got 3"),
+        ({"fwd_resident_threads": -1}, ValueError, "fwd_resident_threads must be 0.*got -1"),
+        ({"stream_regs": 65}, ValueError, "stream_regs must be 0.*from 1 to 64, got 65"),
+        ({"fwd_max_regs": 1.5}, TypeError, "fwd_max_regs must be an int"),
+        ({"not_a_field": 1}, KeyError, "unknown softmax tunable 'not_a_field'"),
+    ],
+)
+def test_invalid_values_name_the_field(values, exc, match):
+    before = _tuning.softmax_get()
+    with pytest.raises(exc, match=match):
+        with _tuning.softmax_override(fwd_target_regs=32, **values):
+            pass
+    assert _tuning.softmax_get() == before  # nothing was set
+
+
+def test_default_plan_unchanged():
+    f = plan()["forward"]
+    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 2, 4, 1, true, 4, 0u>"
+    assert not f["persistent"] and f["grid"] == 4 * 32 * 1024 // 2
+
+
+def test_overrides_reach_the_key():
+    base = plan()
+    with _tuning.softmax_override(fwd_resident_threads=512):
+        assert plan()["forward"]["kernel"].endswith("true, 2, 0u>")
+    with _tuning.softmax_override(fwd_persistent=2, fwd_prefetch=2, mask_order=2, ctas_per_sm=3):
+        f = plan()["forward"]
+        assert f["persistent"] and f["grid"] == "SMs x min(occupancy, 3)"
+        assert f["kernel"].endswith(", 6u>") and "prefetched" in f["reason"] and "mask row" in f["reason"]
+    with _tuning.softmax_override(fwd_prefetch=2, mask_order=2):
+        f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096))["forward"]
+        assert f["kernel"] == base["forward"]["kernel"]  # no persistent grid, no broadcast mask: no-ops
+    with _tuning.softmax_override(fwd_target_regs=32, keep_exp_elems=64):
+        f = plan()["forward"]
+        assert f["vecs_per_thread"] == 8 and f["kernel"].endswith(", 1u>")
+    with _tuning.softmax_override(bwd_persistent=2, bwd_prefetch=2, bwd_cta_threads=512):
+        b = plan()["backward"]
+        assert b["persistent"] and b["kernel"].endswith(", 2u>")
+    with _tuning.softmax_override(cache_threads=64, stream_regs=16, stream_threads=256):
+        f = plan()["forward"]
+        assert not f["cached_row"] and f["threads_per_row"] == 256 and f["vecs_per_thread"] == 4
+    assert plan() == base
+
+
+@pytest.mark.parametrize(
+    ("mask_shape", "expected"),
+    [((4, 1, 1024, 4096), True), ((1, 1, 1024, 4096), True), ((4, 1, 1, 4096), False), ((4, 32, 1024, 4096), False)],
+)
+def test_mask_order_needs_a_broadcast_over_rows(mask_shape, expected):
+    with _tuning.softmax_override(mask_order=2):
+        f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096), mask_shape=mask_shape)["forward"]
+    assert f["kernel"].endswith(", 4u>") == expected
+
+
+def test_tuned_variants_compile():
+    """Every kernel option and a non-default launch bound compile for sm_80, sm_90 and sm_100."""
+    settings = dict(fwd_persistent=2, fwd_prefetch=2, mask_order=2, keep_exp_elems=64, fwd_resident_threads=512,
+                    bwd_persistent=2, bwd_prefetch=2, bwd_resident_threads=512)  # fmt: skip
+    with _tuning.softmax_override(**settings):
+        lines = rtcnorm.jit.precompile(
+            MASKED, hidden_sizes=[4096], dtypes=[torch.bfloat16], archs=("sm_80", "sm_90", "sm_100")
+        )
+        lines += rtcnorm.jit.precompile(
+            "scaled_aligned_causal_masked_softmax", hidden_sizes=[1000], dtypes=[torch.float16], archs=("sm_90",)
+        )
+    kernels = {line.rsplit(" ", 2)[0] for line in lines}
+    assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 7u>") for k in kernels), kernels
+    assert any(k.startswith("rtcnorm::softmax_bwd") and k.endswith(", 2u>") for k in kernels), kernels
