@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "jit/disk_cache.h"
@@ -59,9 +60,11 @@ constexpr Tunable kTunables[] = {
     {"bwd_cache_elems", &NormTuning::bwd_cache_elems, kNoCap},
     {"bwd_cta_threads", &NormTuning::bwd_cta_threads, 1024},
     {"bwd_min_blocks", &NormTuning::bwd_min_blocks, kNoCap},
+    {"bwd_split", &NormTuning::bwd_split, 2},
+    {"bwd_split_rows", &NormTuning::bwd_split_rows, 16},
     {"narrow_row", &NormTuning::narrow_row, kNoCap},
-    {"fwd_hints", &NormTuning::fwd_hints, 4},
-    {"bwd_hints", &NormTuning::bwd_hints, 4},
+    {"fwd_hints", &NormTuning::fwd_hints, 8},
+    {"bwd_hints", &NormTuning::bwd_hints, 8},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -157,6 +160,13 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   py::dict bd;
   bd["reason"] = b.reason;
   bd["cached_row"] = b.cached;
+  bd["split"] = b.split;
+  if (b.split) {
+    bd["coef_kernel"] = b.coef_key.name_expression();
+    const SplitGrid g = split_grid(b, rows, sm_count);
+    bd["grid"] = py::make_tuple(g.col_tiles, g.row_tiles);
+    bd["rows_per_tile"] = g.rows_per_tile;
+  }
   bd["kernel"] = b.key.name_expression();
   bd["block"] = b.key.threads();
   bd["smem"] = b.smem;
@@ -164,8 +174,10 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   return d;
 }
 
-py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch) {
+py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch,
+                         bool mask_bcast) {
   SoftmaxProblem p;
+  p.mask_bcast = mask_bcast;
   p.dtype = parse_dtype(dtype);
   p.rows = rows;
   p.cols = cols;
@@ -185,8 +197,8 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
     put_launch(e, plan.key, plan.row_blocks);
     e["reason"] = describe_plan(p, plan);
     e["cached_row"] = plan.cached;
-    e["grid"] = plan.persistent ? py::cast("SMs x min(occupancy, " + std::to_string(kStreamCtasPerSm) + ")")
-                                : py::cast(plan.row_blocks);
+    e["persistent"] = plan.persistent;
+    e["grid"] = plan.persistent ? py::cast(describe_grid(plan)) : py::cast(plan.row_blocks);
     d[backward ? "backward" : "forward"] = e;
   }
   d["op"] = op;
@@ -233,5 +245,30 @@ PYBIND11_MODULE(_C, m) {
       norm_tuning().*x->field = static_cast<int>(std::min(val, x->max));
     }
   });
-  m.def("explain_softmax", &explain_softmax);
+  m.def("explain_softmax", &explain_softmax, py::arg("op"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
+        py::arg("arch"), py::arg("mask_bcast") = false);
+  m.def("_softmax_tuning", [] {
+    py::dict d;
+    for (int i = 0; i < kNumSoftmaxTunables; ++i)
+      d[kSoftmaxTunables[i].name] = softmax_tuning().*kSoftmaxTunables[i].field;
+    return d;
+  });
+  // Checks every entry before setting any, so a bad value changes nothing.
+  m.def("_set_softmax_tuning", [](const py::dict& d) {
+    std::vector<std::pair<const SoftmaxTunable*, int>> sets;
+    for (auto [k, v] : d) {
+      const std::string key = py::cast<std::string>(k);
+      const SoftmaxTunable* end = kSoftmaxTunables + kNumSoftmaxTunables;
+      const SoftmaxTunable* x =
+          std::find_if(kSoftmaxTunables, end, [&](const SoftmaxTunable& t) { return key == t.name; });
+      if (x == end) throw py::key_error("rtcnorm._tuning: unknown softmax tunable '" + key + "'");
+      if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
+        throw py::type_error("rtcnorm._tuning: softmax " + key + " must be an int");
+      const int64_t val = py::cast<int64_t>(v);
+      const std::string err = check_softmax_tunable(*x, val);
+      if (!err.empty()) throw py::value_error(err);
+      sets.emplace_back(x, static_cast<int>(val));
+    }
+    for (const auto& [x, val] : sets) softmax_tuning().*x->field = val;
+  });
 }

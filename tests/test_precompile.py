@@ -14,6 +14,7 @@ import re
 import pytest
 import rtcnorm
 import torch
+from rtcnorm import _tuning
 
 ARCHS = ("sm_80", "sm_90", "sm_100")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -94,8 +95,12 @@ def compile_variants(op, ns, dtypes, modes, arch):
 
 def check_flag_coverage(op, kernels, dtypes):
     fwd = [k for k in kernels if k["kernel"] == f"{op}_fwd"]
-    bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]
+    # Rows too long for registers run the split backward: a per-row coefficient
+    # kernel (no gradient flags) and a column kernel carrying the flags.
+    bwd = [k for k in kernels if k["kernel"] in (f"{op}_bwd", f"{op}_bwd_cols")]
     assert fwd and bwd
+    if any(k["kernel"] == f"{op}_bwd_cols" for k in bwd):
+        assert any(k["kernel"] == f"{op}_bwd_coef" for k in kernels)
     fwd_flags = {k["flags"] & (HAS_WEIGHT | HAS_BIAS | ZERO_CENTERED | RESIDUAL) for k in fwd}
     bwd_flags = {k["flags"] & (HAS_WEIGHT | ZERO_CENTERED | GRAD_DH | WANT_DW | WANT_DB) for k in bwd}
     if op == "rms_norm":
@@ -135,6 +140,12 @@ def test_every_plan_class_compiles_on_every_arch(op):
         assert {plan_class(k) for k in fwd if k["flags"] & CACHED_ROW or expected == "streamed"} == {expected}, n
         if expected == "narrow":
             assert any(k["flags"] & KEEP_GAMMA for k in fwd), "persistent narrow rows keep gamma in registers"
+        if expected == "streamed":
+            assert {k["kernel"] for k in kernels} >= {f"{op}_bwd_coef", f"{op}_bwd_cols"}
+            # The persistent re-reading backward, kept as a tuning alternative.
+            with _tuning.override(bwd_split=1):
+                reload = compile_variants(op, [n], [torch.float32], [None], arch)
+            assert any(k["kernel"] == f"{op}_bwd" and not k["flags"] & CACHED_ROW for k in reload)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_100"])

@@ -7,7 +7,7 @@
 // planner's occupancy target); it changes the register cap, never the result.
 #pragma once
 
-#include "common/norm_bwd.cuh"
+#include "common/norm_bwd_split.cuh"
 
 namespace rtcnorm {
 
@@ -19,6 +19,19 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_fwd(const NormFwdPar
 template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
 __global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_bwd(const NormBwdParams p) {
   norm_bwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+}
+
+// Split backward for rows that do not fit in registers (norm_bwd_split.cuh).
+// coef: one CTA of TPR threads per row (ROWS == 1). cols: TPR is the CTA's
+// column threads and NV the rows each thread keeps in flight (ROWS == 1).
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR, MINB) rms_norm_bwd_coef(const NormBwdParams p) {
+  norm_bwd_coef<kRmsNorm, T, W, N, VEC, TPR, NV, FLAGS>(p);
+}
+
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR, MINB) rms_norm_bwd_cols(const NormBwdParams p) {
+  norm_bwd_cols<kRmsNorm, T, W, N, VEC, TPR, NV, FLAGS>(p);
 }
 
 }  // namespace rtcnorm

@@ -299,10 +299,14 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   const NormBwdPlan plan = plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
-  const int64_t grid = persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm);
-  at::Tensor pw, pb;
-  if (want_dw) pw = at::empty({grid, d.hidden}, input.options().dtype(at::kFloat));
-  if (want_db) pb = at::empty({grid, d.hidden}, input.options().dtype(at::kFloat));
+  // Partial rows: one per persistent CTA, or one per row tile when split.
+  SplitGrid split;
+  if (plan.split) split = split_grid(plan, d.rows, info.sm_count);
+  const int64_t grid = plan.split ? split.col_tiles : persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm);
+  const int64_t parts = plan.split ? split.row_tiles : grid;
+  at::Tensor pw, pb, coef;
+  if (want_dw) pw = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
+  if (want_db) pb = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
 
   NormBwdParams prm{};
   prm.dy = dy.data_ptr();
@@ -317,7 +321,15 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   prm.partial_b = pb.defined() ? pb.data_ptr<float>() : nullptr;
   prm.rows = d.rows;
   prm.row_blocks = plan.row_blocks;
-  jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
+  if (plan.split) {
+    coef = at::empty({d.rows, 2}, input.options().dtype(at::kFloat));
+    prm.row_coef = coef.data_ptr<float>();
+    prm.rows_per_tile = split.rows_per_tile;
+    const jit::LoadedKernel& ck = jit::get_kernel(plan.coef_key, dev, stream, 0);
+    jit::launch(ck, static_cast<unsigned>(d.rows), 1, static_cast<unsigned>(plan.coef_key.threads()), 1, stream, &prm);
+  }
+  jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
+              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
 
   if (want_dw || want_db) {
     ColumnReduceParams rp{};
@@ -328,7 +340,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
       rp.out[outputs] = result->data_ptr();
       ++outputs;
     }
-    rp.parts = static_cast<int>(grid);
+    rp.parts = static_cast<int>(parts);
     rp.cols = static_cast<int>(d.hidden);
     // dW and dB share a dtype (checked with the arguments).
     const jit::KernelKey rk = column_reduce_key(p.wdtype, info.arch);

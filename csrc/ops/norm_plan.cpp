@@ -88,6 +88,14 @@ const KernelFamily kLayerNormFwd{"layer_norm_fwd", "layer_norm.cuh",
                                  [](const KernelKey& k) { return norm_expression("layer_norm_fwd", k); }};
 const KernelFamily kLayerNormBwd{"layer_norm_bwd", "layer_norm.cuh",
                                  [](const KernelKey& k) { return norm_expression("layer_norm_bwd", k); }};
+const KernelFamily kRmsNormBwdCoef{"rms_norm_bwd_coef", "rms_norm.cuh",
+                                   [](const KernelKey& k) { return norm_expression("rms_norm_bwd_coef", k); }};
+const KernelFamily kRmsNormBwdCols{"rms_norm_bwd_cols", "rms_norm.cuh",
+                                   [](const KernelKey& k) { return norm_expression("rms_norm_bwd_cols", k); }};
+const KernelFamily kLayerNormBwdCoef{"layer_norm_bwd_coef", "layer_norm.cuh",
+                                     [](const KernelKey& k) { return norm_expression("layer_norm_bwd_coef", k); }};
+const KernelFamily kLayerNormBwdCols{"layer_norm_bwd_cols", "layer_norm.cuh",
+                                     [](const KernelKey& k) { return norm_expression("layer_norm_bwd_cols", k); }};
 const KernelFamily kColumnReduce{"column_reduce", "column_reduce.cuh", column_reduce_expression};
 
 NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op) {
@@ -145,6 +153,15 @@ class Reason {
 };
 
 static int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
+
+// Memory-hint flag bits: evict-first stores (kStreamStore) and the next-row-
+// block L2 prefetch of a grid-stride loop (kPrefetchNext); each caller's rule
+// comes from the H100 sweep in benchmarks/NOTES.md (entry 6). A tuning
+// override (1 + the bits >> 9) replaces the rule.
+static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_next) {
+  if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 9;
+  return (stream_store ? kStreamStore : 0u) | (prefetch_next ? kPrefetchNext : 0u);
+}
 
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
@@ -204,7 +221,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   k.vecs_per_thread = static_cast<int16_t>(nv);
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (p.residual ? kResidual : 0u) | (plan.cached ? kCachedRow : 0u) | (keep ? kKeepGamma : 0u) |
-            (static_cast<unsigned>(pick(t.fwd_hints, p.hidden >= 32768 ? 3 : 1) - 1) << 9);
+            hint_bits(t.fwd_hints, p.hidden >= 32768, plan.persistent && plan.cached);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice.
   k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, 4)));
@@ -214,6 +231,63 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
       << (keep ? "; gamma kept in registers" : "");
   why.finish();
   return plan;
+}
+
+// Column-kernel CTA threads and rows each thread keeps in flight; the
+// coefficient kernel streams vectors of kSplitCoefVecs per thread per chunk.
+constexpr int kSplitColThreads = 256;
+// Rows in flight: 64 bytes of x (and of dy) per thread, 4 to 16 rows.
+constexpr int kSplitBytesInFlight = 64;
+constexpr int kSplitCoefVecs = 4;
+
+static NormBwdPlan plan_split_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
+                                  bool explain, int vec, NormBwdPlan plan) {
+  const NormTuning& t = norm_tuning();
+  const int64_t nvec = p.hidden / vec;
+  const unsigned affine = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u);
+  KernelKey c = base_key(p, p.kind == kRmsNorm ? &kRmsNormBwdCoef : &kLayerNormBwdCoef, arch);
+  const int ctpr = choose_tpr(nvec, kSplitCoefVecs);
+  c.vec = static_cast<int16_t>(vec);
+  c.threads_per_row = static_cast<int16_t>(ctpr);
+  c.rows_per_cta = 1;
+  c.vecs_per_thread = static_cast<int16_t>(std::min<int64_t>(kSplitCoefVecs, ceil_div(nvec, ctpr)));
+  c.flags = affine;
+  c.variant = 1;
+  plan.coef_key = c;
+
+  KernelKey k = base_key(p, p.kind == kRmsNorm ? &kRmsNormBwdCols : &kLayerNormBwdCols, arch);
+  k.vec = static_cast<int16_t>(vec);
+  k.threads_per_row = static_cast<int16_t>(std::min<int64_t>(kSplitColThreads, pow2_ceil(nvec)));
+  k.rows_per_cta = 1;
+  const int ru = std::clamp(kSplitBytesInFlight / (vec * jit::element_size(p.dtype)), 4, 16);
+  k.vecs_per_thread = static_cast<int16_t>(pick(t.bwd_split_rows, ru));
+  k.flags = affine | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) | (want_db ? kWantDb : 0u) |
+            hint_bits(t.bwd_hints, true, false);
+  // 128 registers per thread at most: RU rows of x and dy plus fp32 dW/dB.
+  k.variant = 2;
+  plan.key = k;
+  plan.row_blocks = p.rows;
+  plan.smem = 0;
+  Reason why(explain ? &plan.reason : nullptr);
+  why << "row of " << p.hidden << " elements does not fit in registers: split backward, a per-row coefficient "
+      << "kernel (" << ctpr << " threads per row) then a column kernel (" << k.threads_per_row
+      << " threads, each owning " << vec << " columns and " << k.vecs_per_thread
+      << " rows in flight) over row tiles, each tile writing one fp32 partial row";
+  why.finish();
+  return plan;
+}
+
+SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
+  SplitGrid g;
+  const int64_t nvec = plan.key.hidden / plan.key.vec;
+  g.col_tiles = ceil_div(nvec, plan.key.threads_per_row);
+  // About 8 column CTAs per SM in total, and at least 32 rows per tile, so the
+  // partial rows stay a few percent of the traffic; gridDim.y <= 65535.
+  const int64_t want = ceil_div(int64_t(sm_count) * 8, g.col_tiles);
+  const int64_t tiles = std::max<int64_t>(1, std::min(want, rows / 32));
+  g.rows_per_tile = std::max(ceil_div(rows, tiles), ceil_div(rows, 65535));
+  g.row_tiles = ceil_div(rows, g.rows_per_tile);
+  return g;
 }
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
@@ -239,14 +313,23 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const bool accum = want_dw || want_db;
   plan.smem = (plan.cached && accum && bundles > 1) ? size_t(bundles) * size_t(p.hidden) * sizeof(float) : 0;
 
+  plan.split = !plan.cached && pick(t.bwd_split, 2) == 2;
+  if (plan.split) return plan_split_bwd(p, want_dw, want_db, grad_dh, arch, explain, vec, plan);
+
   KernelKey k = base_key(p, bwd_family(p.kind), arch);
   k.vec = static_cast<int16_t>(vec);
   k.threads_per_row = static_cast<int16_t>(tpr);
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
+  // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
+  // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
+  // are tight (1024-thread narrow CTAs, 32 cached elements, N = 5120 / 7168);
+  // evict-first stores help wide rows and narrow LayerNorm rows.
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
-            (want_db ? kWantDb : 0u) | (static_cast<unsigned>(pick(t.bwd_hints, p.hidden >= 8192 ? 3 : 1) - 1) << 9);
+            (want_db ? kWantDb : 0u) |
+            hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow,
+                      plan.cached && !narrow && kBwdCacheElems <= 16 && tpr * rows == 512);
   // CTAs under 512 threads left uncapped take so many registers that one or
   // two fit per SM (N = 5120: 320 threads); two per SM was 45% faster.
   k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.bwd_min_blocks, tpr * rows < 512 ? 2 : 1)));

@@ -44,8 +44,12 @@ struct NormFwdPlan {
 };
 
 struct NormBwdPlan {
-  jit::KernelKey key;
+  jit::KernelKey key;  // the persistent kernel, or the split design's column kernel
   bool cached = false;
+  // Rows too long for registers: a per-row coefficient kernel (coef_key),
+  // then a column-split kernel over row tiles (key); see norm_bwd_split.cuh.
+  bool split = false;
+  jit::KernelKey coef_key;
   int64_t row_blocks = 0;
   size_t smem = 0;  // dynamic shared memory for the CTA's partial-row combine
   std::string reason;
@@ -58,11 +62,21 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
                           bool explain = false);
 jit::KernelKey column_reduce_key(jit::DType out, int arch);
 
+// The split backward's column-kernel grid: col_tiles x row_tiles CTAs, row
+// tiles of rows_per_tile rows; row_tiles is also the partial rows' count.
+struct SplitGrid {
+  int64_t col_tiles = 0;
+  int64_t row_tiles = 0;
+  int64_t rows_per_tile = 0;
+};
+SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count);
+
 // Persistent grid: every SM full at the kernel's occupancy, never more CTAs
 // than row blocks (each CTA must own at least one row block).
 int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
 
 // Kernel families, for callers that enumerate keys (precompile).
 extern const jit::KernelFamily kRmsNormFwd, kRmsNormBwd, kLayerNormFwd, kLayerNormBwd, kColumnReduce;
+extern const jit::KernelFamily kRmsNormBwdCoef, kRmsNormBwdCols, kLayerNormBwdCoef, kLayerNormBwdCols;
 
 }  // namespace rtcnorm

@@ -23,9 +23,14 @@ struct NormTuning {
   int bwd_cache_elems = 0;
   int bwd_cta_threads = 0;
   int bwd_min_blocks = 0;
+  // Rows too long for registers: 1 = re-read each row with the persistent
+  // kernel, 2 = the split design (the rule); rows in flight per thread there.
+  int bwd_split = 0;
+  int bwd_split_rows = 0;
   // Rows at or below this width are "narrow" for the mode heuristic.
   int narrow_row = 0;
-  // Memory hints as 1 + bits (kL2Prefetch, kStreamStore >> 9): 1 means none.
+  // Memory hints as 1 + bits (kL2Prefetch, kStreamStore, kPrefetchNext >> 9):
+  // 1 means none, 8 all three.
   int fwd_hints = 0;
   int bwd_hints = 0;
 };

@@ -39,7 +39,11 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.residual = false;
         for (int dw = 0; dw <= int(has_w); ++dw)
           for (int db = 0; db <= int(has_b); ++db)
-            for (int dh = 0; dh <= int(!ln); ++dh) keys.push_back(plan_norm_bwd(p, dw, db, dh, arch).key);
+            for (int dh = 0; dh <= int(!ln); ++dh) {
+              const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, arch);
+              keys.push_back(b.key);
+              if (b.split) keys.push_back(b.coef_key);
+            }
       }
     }
     keys.push_back(column_reduce_key(wd, arch));

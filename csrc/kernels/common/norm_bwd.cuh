@@ -20,6 +20,8 @@
 //   are registers too. Otherwise ROWS == 1, the row is streamed twice, and the
 //   CTA accumulates in its own partial row in global memory (plain loads:
 //   this kernel wrote it).
+// - kPrefetchNext (cached rows only): while a CTA reduces and writes row block
+//   rb it has L2 fetch row block rb + gridDim.x, which it loads next.
 // - Dynamic shared memory holds bundles * N floats when a CTA combines more
 //   than one bundle (see kBundles); the host sizes it with the same formula.
 #pragma once
@@ -100,6 +102,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr bool kEven = kVecs % kChunk == 0;
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
+  constexpr bool kNext = kCached && (FLAGS & kPrefetchNext) != 0;
   constexpr float kInvN = 1.f / static_cast<float>(N);
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(kCached || ROWS == 1, "streamed rows accumulate in global memory: one row per CTA");
@@ -146,6 +149,14 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         if (!row_ok || !(kEven || v < kVecs)) continue;
         xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
         dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
+      }
+      if constexpr (kNext) {
+        const long long next = (rb + gridDim.x) * ROWS + group;
+        if (next < p.rows) {
+          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next), lane);
+          prefetch_row<T, VEC, TPR, NV, kVecs>(dy, next * N, lane);
+          if constexpr (kDh) prefetch_row<T, VEC, TPR, NV, kVecs>(dh, next * N, lane);
+        }
       }
 #pragma unroll
       for (int i = 0; i < NV; ++i) {

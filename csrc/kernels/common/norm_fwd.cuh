@@ -91,6 +91,19 @@ struct NormStats<kLayerNorm> {
   }
 };
 
+// Prefetches into L2 the vectors this thread will load from the row that
+// starts at `off`: a grid-stride CTA calls it for its next row block right
+// after issuing the current row's loads, so the memory system keeps working
+// while the CTA sits in the row reduction and writes its outputs.
+template <typename T, int VEC, int TPR, int NV, int VECS>
+__device__ __forceinline__ void prefetch_row(const T* base, long long off, int lane) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = i * TPR + lane;
+    if (v < VECS) prefetch_l2<T, VEC>(base, off + 1LL * v * VEC);
+  }
+}
+
 // gamma (with the zero-centred shift applied) and beta for one vector.
 template <typename W, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_index, float (&g)[VEC], float (&b)[VEC]) {
@@ -125,6 +138,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kEven = kVecs % kChunk == 0;
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
+  constexpr bool kNext = kCached && (FLAGS & kPrefetchNext) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
@@ -165,6 +179,13 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         ok[i] = row_ok && (kEven || v < kVecs);
         if (ok[i]) xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
+      }
+      if constexpr (kNext) {
+        const long long next = (rb + gridDim.x) * ROWS + group;
+        if (next < p.rows) {
+          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next), lane);
+          if constexpr (kRes) prefetch_row<T, VEC, TPR, NV, kVecs>(res, row_offset(p.residual_map, next), lane);
+        }
       }
       if constexpr (kRes) {
 #pragma unroll

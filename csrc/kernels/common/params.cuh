@@ -24,15 +24,16 @@ struct RowMap {
 enum NormFlags : unsigned {
   kHasWeight = 1u << 0,
   kHasBias = 1u << 1,
-  kZeroCentered = 1u << 2,  // scale is (1 + weight)
-  kResidual = 1u << 3,      // forward: h = x + residual is normalized and written
-  kCachedRow = 1u << 4,     // the row stays in registers between passes
-  kKeepGamma = 1u << 5,     // persistent CTA loads gamma/beta once
-  kGradDh = 1u << 6,        // backward: add an incoming gradient of h to dx
-  kWantDw = 1u << 7,        // backward: write dW partial rows
-  kWantDb = 1u << 8,        // backward: write dB partial rows
-  kL2Prefetch = 1u << 9,    // streamed loads ask L2 for the whole 256-byte block
-  kStreamStore = 1u << 10,  // outputs are stored evict-first (.cs): not re-read
+  kZeroCentered = 1u << 2,   // scale is (1 + weight)
+  kResidual = 1u << 3,       // forward: h = x + residual is normalized and written
+  kCachedRow = 1u << 4,      // the row stays in registers between passes
+  kKeepGamma = 1u << 5,      // persistent CTA loads gamma/beta once
+  kGradDh = 1u << 6,         // backward: add an incoming gradient of h to dx
+  kWantDw = 1u << 7,         // backward: write dW partial rows
+  kWantDb = 1u << 8,         // backward: write dB partial rows
+  kL2Prefetch = 1u << 9,     // streamed loads ask L2 for the whole 256-byte block
+  kStreamStore = 1u << 10,   // outputs are stored evict-first (.cs): not re-read
+  kPrefetchNext = 1u << 11,  // a cached grid-stride loop asks L2 for its next row block
 };
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
@@ -63,10 +64,12 @@ struct NormBwdParams {
   const float* mean;  // LayerNorm only
   const float* rstd;
   void* dx;          // contiguous rows x N
-  float* partial_w;  // gridDim.x x N, when kWantDw
-  float* partial_b;  // gridDim.x x N, when kWantDb
+  float* partial_w;  // parts x N, when kWantDw (parts: gridDim.x, or gridDim.y when split)
+  float* partial_b;  // parts x N, when kWantDb
+  float* row_coef;   // rows x 2 (c1, c2): the split backward's per-row coefficients
   long long rows;
   long long row_blocks;
+  long long rows_per_tile;  // split backward: rows per row tile (gridDim.y tiles)
 };
 
 // Up to two (partial, out) pairs reduced by one launch; blockIdx.y picks one.
