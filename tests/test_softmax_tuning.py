@@ -62,26 +62,33 @@ def test_invalid_values_name_the_field(values, exc, match):
     assert _tuning.softmax_get() == before  # nothing was set
 
 
-def test_default_plan_unchanged():
-    f = plan()["forward"]
+def test_default_plans():
+    shape = (4, 32, 1024, 4096)
+    f = rtcnorm.softmax.explain(MASKED, shape, torch.bfloat16, mask_shape=shape)["forward"]
     assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 2, 4, 1, true, 4, 0u>"
     assert not f["persistent"] and f["grid"] == 4 * 32 * 1024 // 2
+    # A mask broadcast over heads, rows of >= 4096 keys: heads back to back, a CTA per row.
+    f = plan(shape)["forward"]
+    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 1, 4, 1, true, 8, 4u>"
+    assert not f["persistent"] and f["grid"] == 4 * 32 * 1024 and "mask row" in f["reason"]
+    assert plan((4, 32, 1024, 2048))["forward"]["kernel"].endswith(", 0u>")  # shorter rows: unchanged
 
 
 def test_overrides_reach_the_key():
     base = plan()
     with _tuning.softmax_override(fwd_resident_threads=512):
-        assert plan()["forward"]["kernel"].endswith("true, 2, 0u>")
+        assert plan()["forward"]["kernel"].endswith("true, 4, 4u>")
     with _tuning.softmax_override(fwd_persistent=2, fwd_prefetch=2, mask_order=2, ctas_per_sm=3):
         f = plan()["forward"]
         assert f["persistent"] and f["grid"] == "SMs x min(occupancy, 3)"
         assert f["kernel"].endswith(", 6u>") and "prefetched" in f["reason"] and "mask row" in f["reason"]
+    full = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096))["forward"]
     with _tuning.softmax_override(fwd_prefetch=2, mask_order=2):
         f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096))["forward"]
-        assert f["kernel"] == base["forward"]["kernel"]  # no persistent grid, no broadcast mask: no-ops
+        assert f["kernel"] == full["kernel"]  # no persistent grid, no broadcast mask: no-ops
     with _tuning.softmax_override(fwd_target_regs=32, keep_exp_elems=64):
         f = plan()["forward"]
-        assert f["vecs_per_thread"] == 8 and f["kernel"].endswith(", 1u>")
+        assert f["vecs_per_thread"] == 8 and f["kernel"].endswith(", 5u>")  # keep-exp, heads back to back
     with _tuning.softmax_override(bwd_persistent=2, bwd_prefetch=2, bwd_cta_threads=512):
         b = plan()["backward"]
         assert b["persistent"] and b["kernel"].endswith(", 2u>")
