@@ -6,6 +6,8 @@
 #include <optional>
 #include <sstream>
 
+#include "ops/plan_util.h"
+
 namespace rtcnorm {
 namespace {
 
@@ -25,13 +27,6 @@ std::string column_reduce_expression(const KernelKey& k) {
   return std::string("rtcnorm::column_reduce<") + jit::kernel_type_name(k.wdtype) + ">";
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int pow2_ceil(int64_t v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 // Launch-bounds CTAs per SM. Never a register cap below 64 per thread
 // (65536 registers / (threads x 64)): a 1024-thread CTA asked for 2 per SM
 // gets 32 registers and spills its cached row (measured: 3478 -> 1487 GB/s).
@@ -47,7 +42,7 @@ const KernelFamily* bwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwd
 // slots, so N = 5120 or 7168 does not idle half of a power-of-two CTA.
 int choose_tpr(int64_t nvec, int nv_target) {
   const int64_t want = ceil_div(nvec, nv_target);
-  if (want <= 32) return pow2_ceil(want);
+  if (want <= 32) return static_cast<int>(pow2_ceil(want));
   if (want >= 1024) return 1024;
   int best = 0;
   int64_t best_waste = -1;
@@ -62,11 +57,7 @@ int choose_tpr(int64_t nvec, int nv_target) {
   return best;
 }
 
-int choose_vec(const NormProblem& p) {
-  int vec = 16 / jit::element_size(p.dtype);
-  while (vec > 1 && (vec > p.max_vec || p.hidden % vec != 0)) vec /= 2;
-  return vec;
-}
+int choose_vec(const NormProblem& p) { return widest_vec(p.dtype, p.max_vec, p.hidden); }
 
 KernelKey base_key(const NormProblem& p, const KernelFamily* fam, int arch) {
   KernelKey k;
@@ -152,12 +143,13 @@ class Reason {
   std::optional<std::ostringstream> os_;
 };
 
-static int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
-
 // Memory-hint flag bits: evict-first stores (kStreamStore) and the next-row-
 // block L2 prefetch of a grid-stride loop (kPrefetchNext); each caller's rule
-// comes from the H100 sweep in benchmarks/NOTES.md (entry 6). A tuning
+// comes from the H100 sweep in benchmarks/NOTES.md (entry 7). A tuning
 // override (1 + the bits >> 9) replaces the rule.
+// Rows at or below this width are "narrow": many rows share a CTA.
+constexpr int kDefaultNarrowRow = 512;
+
 static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_next) {
   if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 9;
   return (stream_store ? kStreamStore : 0u) | (prefetch_next ? kPrefetchNext : 0u);
@@ -165,7 +157,7 @@ static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_n
 
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
-  const int64_t kNarrowRow = t.narrow_row > 0 ? t.narrow_row : 512;
+  const int kNarrowRow = pick(t.narrow_row, kDefaultNarrowRow);
   const bool narrow = p.hidden <= kNarrowRow;
   // H200 sweeps: wide rows want 8 x 16 B in flight per thread and 128-thread
   // CTAs; narrow rows want 2 vectors per thread and many rows per CTA.
@@ -292,7 +284,7 @@ SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
-  const bool narrow = p.hidden <= (t.narrow_row > 0 ? t.narrow_row : 512);
+  const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
   // CTAs; RMSNorm at N = 8K..16K wants 32; everything else 16 at 512 threads.
   const bool wide_rms = p.kind == kRmsNorm && p.hidden >= 8192 && p.hidden <= 16384;

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "ops/plan_util.h"
 #include "ops/variants.h"
 
 namespace rtcnorm {
@@ -34,13 +35,6 @@ std::string softmax_expression(const char* kernel, const KernelKey& k) {
   return os.str();
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t pow2_ceil(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 // Per-thread register budgets for the raw row data (x; or y and dy), in
 // 32-bit registers. Every kernel is held to 64 registers (kResidentThreads),
 // and ptxas needs the rest for addresses, exponentials and the reduction.
@@ -64,7 +58,6 @@ constexpr int kLongMaskedThreads = 128;
 // a warp per row is preferred (shuffles only).
 constexpr int kWarp = 32;
 
-int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
 bool switch_on(int override_value, bool rule) { return override_value > 0 ? override_value == 2 : rule; }
 
 // Most threads a register-cached row may use. RTCNORM_SOFTMAX_CACHE_THREADS
@@ -83,11 +76,7 @@ int env_cached_threads() {
 
 int max_cached_threads() { return pick(softmax_tuning().cache_threads, env_cached_threads()); }
 
-int choose_vec(const SoftmaxProblem& p) {
-  int vec = 16 / jit::element_size(p.dtype);
-  while (vec > 1 && (vec > p.max_vec || p.cols % vec != 0)) vec /= 2;
-  return vec;
-}
+int choose_vec(const SoftmaxProblem& p) { return widest_vec(p.dtype, p.max_vec, p.cols); }
 
 }  // namespace
 

@@ -1,0 +1,31 @@
+// Integer helpers shared by the launch planners (norm_plan.cpp,
+// softmax_plan.cpp). Host only; no state.
+#pragma once
+
+#include <cstdint>
+
+#include "jit/dtype.h"
+
+namespace rtcnorm {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The smallest power of two >= v (1 for v <= 1).
+inline int64_t pow2_ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// A planner tunable: a positive override replaces the rule's value.
+inline int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
+
+// Elements per vector access: at most 16 bytes, at most `max_vec` (what every
+// pointer and stride allows), and dividing the row length `len`.
+inline int widest_vec(jit::DType dtype, int max_vec, int64_t len) {
+  int vec = 16 / jit::element_size(dtype);
+  while (vec > 1 && (vec > max_vec || len % vec != 0)) vec /= 2;
+  return vec;
+}
+
+}  // namespace rtcnorm
