@@ -56,6 +56,8 @@ constexpr Tunable kTunables[] = {
     {"fwd_cta_threads", &NormTuning::fwd_cta_threads, 1024},
     {"fwd_cache_bytes", &NormTuning::fwd_cache_bytes, kNoCap},
     {"fwd_min_blocks", &NormTuning::fwd_min_blocks, kNoCap},
+    {"fwd_smem_row_bytes", &NormTuning::fwd_smem_row_bytes, kNoCap},
+    {"fwd_smem_vecs", &NormTuning::fwd_smem_vecs, 16},
     {"keep_gamma_floats", &NormTuning::keep_gamma_floats, kNoCap},
     {"bwd_cache_elems", &NormTuning::bwd_cache_elems, kNoCap},
     {"bwd_cta_threads", &NormTuning::bwd_cta_threads, 1024},
@@ -146,11 +148,12 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   d["reason"] = f.reason;
   d["cached_row"] = f.cached;
   d["persistent"] = f.persistent;
+  d["smem"] = f.smem;
   put_launch(d, f.key, f.row_blocks);
   d["sm_count"] = sm_count;
   d["arch"] = "sm_" + std::to_string(arch);
   if (device >= 0 && rows > 0) {
-    const jit::LoadedKernel& k = jit::get_kernel(f.key, device, jit::current_stream(device), 0);
+    const jit::LoadedKernel& k = jit::get_kernel(f.key, device, jit::current_stream(device), f.smem);
     d["blocks_per_sm"] = k.blocks_per_sm;
     d["registers"] = k.registers;
     d["grid"] = f.persistent ? persistent_grid(f.row_blocks, sm_count, k.blocks_per_sm) : f.row_blocks;

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import rtcnorm
 import torch
-from norm_checks import ln_inputs, rms_inputs
+from norm_checks import check_layer_norm, check_rms_norm, ln_inputs, rms_inputs
 from reference import assert_close, ref_layer_norm, ref_rms_norm
 from rtcnorm import _tuning
 
@@ -134,6 +134,43 @@ def test_both_designs_for_rows_too_long_for_registers(op, dtype, shape, strided,
     for name in got:
         assert torch.equal(got[name], again[name]), name
     check(op, got, ref(op, t), shape[0])
+
+
+@pytest.mark.parametrize("mode", [None, "static_persistent", "multi_wave_cached"], ids=lambda m: m or "auto")
+@pytest.mark.parametrize(
+    ("n", "variant"),
+    [(1000, "weight"), (4097, "residual"), (5120, "mixed"), (16384, "residual"), (32768, "mixed"), (65536, "weight")],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_rows_cached_in_shared_memory(op, dtype, n, variant, mode, poison):
+    """Every wide row forced into the shared-memory row cache (one chunk, two
+    chunks at N = 65536, scalar access at N = 4097) matches the reference, with
+    residual, float32 weights and row-strided input; rows that do not fit one
+    CTA's shared memory fall back to the streamed forward."""
+    if op == "layer_norm" and variant == "residual":
+        variant = "weight_bias"
+    if variant == "mixed" and dtype == torch.float32:
+        variant = "weight"
+    m = 67 if n <= 16384 else 9
+    with _tuning.override(fwd_smem_row_bytes=1):
+        plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")
+        fits = n * dtype.itemsize <= 163 * 1024  # every sm_80+ part with that much: all but 256 KB rows here
+        assert plan["cached_row"] == fits
+        assert plan["smem"] == (n * dtype.itemsize * plan["rows_per_cta"] if fits else 0)
+        for strided in (False, True):
+            if op == "rms_norm":
+                x, w, zcg, r = rms_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant)
+                x = x[::2] if strided else x
+                r = r[: x.shape[0]] if r is not None else None
+                check_rms_norm(x, [n], w, mode=mode, zero_centered_gamma=zcg, residual=r, poison=poison)
+            else:
+                # A large mean where every output has a 16-bit tolerance (float32
+                # outputs, y or a float32 dW, would see fp32 rounding of the mean).
+                shift = 0.0 if dtype == torch.float32 or variant == "mixed" else 100.0
+                x, w, b, zcg = ln_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant, shift=shift)
+                x = x[::2] if strided else x
+                check_layer_norm(x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=4.0)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -10,6 +10,7 @@ import rtcnorm
 import torch
 from norm_checks import randn
 from reference import assert_close
+from rtcnorm import _tuning
 
 PAIRS = {"rms_norm": (torch.nn.RMSNorm, rtcnorm.RMSNorm), "layer_norm": (torch.nn.LayerNorm, rtcnorm.LayerNorm)}
 CONFIGS = {
@@ -137,6 +138,38 @@ def test_explain_without_a_gpu(op, n):
         assert forced["mode"] == mode and forced["requested_mode"] == mode
         assert forced["persistent"] == (mode == "static_persistent")
         assert forced["cached_row"] == (mode != "multi_wave_reload" and n <= 65536)
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "residual", "smem"),
+    [
+        ("layer_norm", (1024, 65536), torch.bfloat16, False, 131072),  # gamma + beta beside a 64 KB+ row
+        ("layer_norm", (2048, 32768), torch.bfloat16, False, 65536),
+        ("layer_norm", (4096, 8192), torch.float32, False, 32768),  # float32 from 32 KB
+        ("layer_norm", (4096, 16384), torch.bfloat16, False, 0),  # 32 KB 16-bit rows stay in registers
+        ("rms_norm", (1024, 65536), torch.bfloat16, False, 0),  # gamma alone fits beside the row
+        ("rms_norm", (4096, 8192), torch.bfloat16, True, 16384),  # a residual from 16 KB
+        ("rms_norm", (4096, 4096), torch.bfloat16, True, 0),
+        ("layer_norm", (1024, 65536), torch.float32, False, 0),  # 256 KB: more than a CTA may have
+        ("rms_norm", (512, 98304), torch.bfloat16, False, 196608),  # too long for registers, fits in 227 KB
+    ],
+)
+def test_explain_long_rows_in_shared_memory(op, shape, dtype, residual, smem):
+    """The rule for rows kept in shared memory rather than registers, and the
+    per-arch limit (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86)."""
+    plan = rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu", arch="sm_90")
+    assert plan["smem"] == smem and plan["cached_row"] == (smem > 0 or shape[1] * dtype.itemsize <= 128 * 1024)
+    assert ("kept in shared memory" in plan["reason"]) == (smem > 0)
+    if smem:
+        assert plan["mode"] == "multi_wave_cached" and plan["block"] * plan["vecs_per_thread"] * plan["vec"] <= shape[1]
+        on_86 = rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu", arch="sm_86")
+        assert on_86["smem"] == (smem if smem <= 99 * 1024 else 0)
+        reload = rtcnorm.explain(op, shape, dtype, residual=residual, mode="multi_wave_reload", device="cpu")
+        assert reload["smem"] == 0 and not reload["cached_row"]
+        persistent = rtcnorm.explain(op, shape, dtype, residual=residual, mode="static_persistent", device="cpu")
+        assert persistent["smem"] == smem and persistent["persistent"]
+    with _tuning.override(fwd_smem_row_bytes=1 << 30):
+        assert rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu")["smem"] == 0
 
 
 def test_explain_describes_mixed_dtypes_and_flags():

@@ -23,7 +23,7 @@ OPS = ("rms_norm", "layer_norm")
 
 # Flag bits of kernels/common/params.cuh.
 HAS_WEIGHT, HAS_BIAS, ZERO_CENTERED, RESIDUAL, CACHED_ROW, KEEP_GAMMA = 1, 2, 4, 8, 16, 32
-GRAD_DH, WANT_DW, WANT_DB = 64, 128, 256
+GRAD_DH, WANT_DW, WANT_DB, SMEM_ROW = 64, 128, 256, 4096
 
 # One row length per launch-plan class besides multi-warp (N=4096 covers it),
 # each on one arch so that every arch sees several classes; all float32: the
@@ -32,7 +32,9 @@ PLAN_CLASS_N = {
     1: ("narrow", "sm_80"),  # one thread per row, many rows per CTA
     7: ("narrow", "sm_100"),  # odd N: scalar access, two threads per row
     1000: ("warp", "sm_80"),  # one warp per row
-    32768: ("1024-thread", "sm_100"),  # 1024 threads, the row kept in registers
+    # 128 KB float32 rows, 1024 threads: rows beside a bias or a residual kept
+    # in shared memory, the others in registers.
+    32768: ("smem", "sm_100"),
     262144: ("streamed", "sm_90"),  # too wide for registers: read twice in chunks
 }
 # Without multi_wave_cached: for these N it equals None, or (narrow rows)
@@ -69,6 +71,8 @@ def parse(lines, arch):
 
 
 def plan_class(k) -> str:
+    if k["flags"] & SMEM_ROW:
+        return "smem"
     n_vecs = k["n"] // k["vec"]
     if not k["flags"] & CACHED_ROW and n_vecs > k["tpr"] * k["nv"]:
         return "streamed"
@@ -126,7 +130,11 @@ def test_every_flag_dtype_and_mode_compiles_for_sm_90(op, dtypes):
     kernels = compile_variants(op, [4096], dtypes, ALL_MODES, "sm_90")
     check_flag_coverage(op, kernels, dtypes)
     fwd = [k for k in kernels if k["kernel"].endswith("_fwd")]
-    assert {plan_class(k) for k in fwd} == {"multi-warp"}
+    assert {plan_class(k) for k in fwd if not k["flags"] & SMEM_ROW} == {"multi-warp"}
+    # A 16 KB row beside a residual (float32 at N = 4096) is kept in shared memory.
+    smem = [k for k in fwd if k["flags"] & SMEM_ROW]
+    assert all(k["flags"] & RESIDUAL and k["t"] == "float" for k in smem)
+    assert bool(smem) == (op == "rms_norm" and torch.float32 in dtypes)
     assert any(k["flags"] & CACHED_ROW for k in fwd) and any(not k["flags"] & CACHED_ROW for k in fwd)
 
 
@@ -137,7 +145,9 @@ def test_every_plan_class_compiles_on_every_arch(op):
         check_flag_coverage(op, kernels, [torch.float32])
         assert {k["n"] for k in kernels} == {n}
         fwd = [k for k in kernels if k["kernel"].endswith("_fwd")]
-        assert {plan_class(k) for k in fwd if k["flags"] & CACHED_ROW or expected == "streamed"} == {expected}, n
+        on_chip = CACHED_ROW | SMEM_ROW
+        classes = {plan_class(k) for k in fwd if k["flags"] & on_chip or expected == "streamed"}
+        assert classes == ({expected, "1024-thread"} if expected == "smem" else {expected}), n
         if expected == "narrow":
             assert any(k["flags"] & KEEP_GAMMA for k in fwd), "persistent narrow rows keep gamma in registers"
         if expected == "streamed":
@@ -146,6 +156,17 @@ def test_every_plan_class_compiles_on_every_arch(op):
             with _tuning.override(bwd_split=1):
                 reload = compile_variants(op, [n], [torch.float32], [None], arch)
             assert any(k["kernel"] == f"{op}_bwd" and not k["flags"] & CACHED_ROW for k in reload)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_long_rows_stay_in_registers_when_shared_memory_is_turned_off(op):
+    """The 1024-thread register-cached class: a 128 KB float32 row with the
+    shared-memory row cache turned off."""
+    with _tuning.override(fwd_smem_row_bytes=1 << 30):
+        kernels = compile_variants(op, [32768], [torch.float32], [None, "static_persistent"], "sm_90")
+    fwd = [k for k in kernels if k["kernel"].endswith("_fwd")]
+    assert {plan_class(k) for k in fwd} == {"1024-thread"}
+    assert all(k["flags"] & CACHED_ROW and not k["flags"] & SMEM_ROW for k in fwd)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_100"])

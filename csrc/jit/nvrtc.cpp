@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -161,6 +162,14 @@ void set_nvrtc_search_dirs(std::vector<std::string> dirs) {
 
 const NvrtcInfo& nvrtc_info() { return loaded().info; }
 
+// RTCNORM_JIT_VERBOSE=1: each compile prints ptxas' registers, spill bytes
+// and shared memory for the kernel to stderr (a tuning aid; a kernel found in
+// the disk cache is not compiled, so pair it with RTCNORM_DISABLE_DISK_CACHE=1).
+bool jit_verbose() {
+  const char* v = std::getenv("RTCNORM_JIT_VERBOSE");
+  return v != nullptr && std::string(v) == "1";
+}
+
 std::vector<std::string> compile_options(int arch, std::string* target, bool* is_cubin) {
   const NvrtcInfo& info = nvrtc_info();
   TORCH_CHECK(arch >= 80, "rtcnorm: sm_", arch, " is not supported; rtcnorm kernels need sm_80 or newer");
@@ -179,6 +188,7 @@ std::vector<std::string> compile_options(int arch, std::string* target, bool* is
   std::vector<std::string> opts = {"--gpu-architecture=" + *target, "-std=c++17", "--restrict"};
   if (const char* li = std::getenv("RTCNORM_JIT_LINEINFO"); li != nullptr && std::string(li) == "1")
     opts.emplace_back("-lineinfo");
+  if (jit_verbose()) opts.emplace_back("--ptxas-options=-v");
   return opts;
 }
 
@@ -213,6 +223,7 @@ CompiledKernel compile_kernel(const KernelKey& key) {
   for (const auto& o : opts) copts.push_back(o.c_str());
   r = api.nvrtcCompileProgram(guard.prog, static_cast<int>(copts.size()), copts.data());
   if (r != 0) fail("compilation", r, program_log(api, guard.prog));
+  if (jit_verbose()) std::fprintf(stderr, "rtcnorm jit: %s\n%s\n", expr.c_str(), program_log(api, guard.prog).c_str());
 
   const char* lowered = nullptr;
   r = api.nvrtcGetLoweredName(guard.prog, expr.c_str(), &lowered);

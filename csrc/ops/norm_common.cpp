@@ -223,7 +223,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   const auto& info = jit::device_info(dev);
   const NormFwdPlan plan = plan_norm_fwd(p, mode, info.sm_count, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
-  const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
+  const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
   int64_t grid = plan.persistent ? persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm) : plan.row_blocks;
   grid = std::min<int64_t>(grid, std::numeric_limits<int32_t>::max());
 

@@ -155,6 +155,25 @@ static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_n
   return (stream_store ? kStreamStore : 0u) | (prefetch_next ? kPrefetchNext : 0u);
 }
 
+// H100 sweep (benchmarks/NOTES.md, entry 10): a long row kept in registers
+// spills once a residual joins it (RMSNorm + residual at N = 16384: 1455 GB/s
+// from registers, 2776 from shared memory), and LayerNorm's gamma and beta
+// crowd it at 64 KB rows (1024x65536: 1490 -> 1869), or at 32 KB float32 rows
+// (4096x8192: 2047 -> 2658). Elsewhere registers match or beat shared memory
+// (which also takes L1 away from gamma), so the rule keeps them.
+static bool smem_row_rule(const NormProblem& p, int64_t row_bytes) {
+  if (p.residual) return row_bytes >= 16 * 1024;
+  return p.has_bias && row_bytes >= (jit::element_size(p.dtype) == 4 ? 32 : 64) * 1024;
+}
+
+// Vectors per thread per chunk of a shared-memory row: 4 with a residual,
+// whose second operand would otherwise spill; else 8 up to 64 KB rows (a
+// 512-thread CTA, two per SM) and 16 beyond (512 threads, one CTA per SM).
+static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
+  if (p.residual) return 4;
+  return row_bytes > 64 * 1024 ? 16 : 8;
+}
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
   const int kNarrowRow = pick(t.narrow_row, kDefaultNarrowRow);
@@ -164,14 +183,28 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const int kFwdVecsTarget = pick(t.fwd_vecs_target, narrow ? 2 : 8);
   // Raw row bytes a thread may keep: 128 B is 64 bf16 or 32 fp32 values.
   const int kFwdCacheBytes = pick(t.fwd_cache_bytes, 128);
+  const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
   NormFwdPlan plan;
   const int esize = jit::element_size(p.dtype);
   const int vec = choose_vec(p);
   const int64_t nvec = p.hidden / vec;
-  const int tpr = choose_tpr(nvec, kFwdVecsTarget);
+  const int64_t row_bytes = p.hidden * esize;
+  const int reg_tpr = choose_tpr(nvec, kFwdVecsTarget);
+  const int reg_nv = static_cast<int>(ceil_div(nvec, reg_tpr));
+  const bool reg_can = int64_t(reg_nv) * vec * esize <= kFwdCacheBytes;
+  // Shared memory where the rule prefers it or registers cannot hold the row;
+  // a tuning override of the row bytes replaces the rule.
+  const int smem_vecs = pick(t.fwd_smem_vecs, smem_row_vecs(p, row_bytes));
+  const int smem_tpr = choose_tpr(nvec, smem_vecs);
+  const int smem_rows = std::max(1, kCtaThreads / smem_tpr);
+  const bool smem_wanted =
+      t.fwd_smem_row_bytes > 0 ? row_bytes >= t.fwd_smem_row_bytes : (!reg_can || smem_row_rule(p, row_bytes));
+  const bool smem_fits = !narrow && smem_wanted && smem_rows * row_bytes <= max_smem_per_block(arch);
+  const bool reg_fits = !smem_fits && reg_can;
+  const bool fits = smem_fits || reg_fits;
+  const int tpr = smem_fits ? smem_tpr : reg_tpr;
   const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
-  const bool fits = int64_t(nv_row) * vec * esize <= kFwdCacheBytes;
-  const int rows = std::max(1, pick(t.fwd_cta_threads, narrow ? 256 : 128) / tpr);
+  const int rows = std::max(1, kCtaThreads / tpr);
   plan.row_blocks = ceil_div(p.rows, rows);
 
   Reason why(explain ? &plan.reason : nullptr);
@@ -180,7 +213,8 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
     if (!fits) {
       mode = NormMode::kMultiWaveReload;
       why << "row of " << p.hidden << " elements exceeds the register cache (" << kFwdCacheBytes
-          << " bytes per thread at 1024 threads), so x is re-read for the normalize pass";
+          << " bytes per thread at 1024 threads) and shared memory (" << max_smem_per_block(arch) / 1024
+          << " KB per CTA on sm_" << arch << "), so x is re-read for the normalize pass";
     } else if (narrow && plan.row_blocks <= 16LL * sm_count) {
       mode = NormMode::kStaticPersistent;
       why << "narrow rows (N <= " << kNarrowRow << ") and at most 16 row blocks per SM: " << rows
@@ -189,6 +223,10 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
       mode = NormMode::kMultiWaveCached;
       why << "narrow rows (N <= " << kNarrowRow << ") in many waves: " << rows
           << " rows per CTA, one CTA per row block";
+    } else if (smem_fits) {
+      mode = NormMode::kMultiWaveCached;
+      why << "row of " << row_bytes / 1024 << " KB kept in shared memory: read x once, one chunk of "
+          << std::min(nv_row, smem_vecs) * vec << " elements per thread in registers at a time";
     } else {
       mode = NormMode::kMultiWaveCached;
       why << "row fits in registers (" << nv_row * vec << " elements per thread): read x once";
@@ -196,15 +234,20 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   } else {
     why << "mode requested";
     if (mode != NormMode::kMultiWaveReload && !fits)
-      why << "; row of " << p.hidden << " elements does not fit in registers, so it is streamed twice (reload)";
+      why << "; row of " << p.hidden << " elements fits neither registers nor shared memory, so it is streamed "
+          << "twice (reload)";
+    else if (mode != NormMode::kMultiWaveReload && smem_fits)
+      why << "; row kept in shared memory (" << row_bytes / 1024 << " KB)";
   }
   plan.mode = mode;
   plan.persistent = mode == NormMode::kStaticPersistent;
   plan.cached = fits && mode != NormMode::kMultiWaveReload;
-  const int nv = plan.cached ? nv_row : std::min(nv_row, kFwdVecsTarget);
+  const bool in_smem = plan.cached && smem_fits;
+  const bool in_regs = plan.cached && !smem_fits;
+  plan.smem = in_smem ? static_cast<size_t>(rows * row_bytes) : 0;
+  const int nv = in_regs ? nv_row : std::min(nv_row, smem_fits ? smem_vecs : kFwdVecsTarget);
   const int wtensors = int(p.has_weight) + int(p.has_bias);
-  const bool keep =
-      plan.persistent && plan.cached && wtensors > 0 && nv * vec * wtensors <= pick(t.keep_gamma_floats, 16);
+  const bool keep = plan.persistent && in_regs && wtensors > 0 && nv * vec * wtensors <= pick(t.keep_gamma_floats, 16);
 
   KernelKey k = base_key(p, fwd_family(p.kind), arch);
   k.vec = static_cast<int16_t>(vec);
@@ -212,13 +255,21 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
-            (p.residual ? kResidual : 0u) | (plan.cached ? kCachedRow : 0u) | (keep ? kKeepGamma : 0u) |
-            hint_bits(t.fwd_hints, p.hidden >= 32768, plan.persistent && plan.cached);
+            (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
+            (keep ? kKeepGamma : 0u) |
+            hint_bits(t.fwd_hints, p.hidden >= 32768 && !in_smem, plan.persistent && in_regs);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
-  // keeps more rows in flight than the compiler's own choice.
-  k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, 4)));
+  // keeps more rows in flight than the compiler's own choice. A shared-memory
+  // row allows no more CTAs per SM than its rows fit there.
+  // float32 gamma and beta beside a 16-bit row in shared memory want 128
+  // registers (one CTA per SM): 1441 -> 1728 GB/s at LayerNorm 2048x32768.
+  const bool wide_affine = in_smem && p.has_bias && jit::element_size(p.wdtype) > esize;
+  int min_blocks = pick(t.fwd_min_blocks, wide_affine ? 1 : 4);
+  if (in_smem) min_blocks = std::min<int64_t>(min_blocks, std::max<int64_t>(1, max_smem_per_block(arch) / plan.smem));
+  k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, min_blocks));
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
+      << (in_smem ? "; shared memory " + std::to_string(plan.smem) + " bytes" : std::string())
       << (plan.persistent ? "; grid = SMs x occupancy" : "; grid = one CTA per row block")
       << (keep ? "; gamma kept in registers" : "");
   why.finish();

@@ -38,8 +38,9 @@ struct NormFwdPlan {
   jit::KernelKey key;
   NormMode mode = NormMode::kAuto;  // resolved, never kAuto
   bool persistent = false;
-  bool cached = false;
+  bool cached = false;  // x is read once: kept in registers, or in shared memory (smem > 0)
   int64_t row_blocks = 0;
+  size_t smem = 0;  // dynamic shared memory: the CTA's rows when cached there
   std::string reason;
 };
 

@@ -16,6 +16,10 @@ struct NormTuning {
   int fwd_cta_threads = 0;
   int fwd_cache_bytes = 0;
   int fwd_min_blocks = 0;
+  // Rows of at least this many bytes are kept in shared memory rather than
+  // registers (when one fits a CTA); vectors per thread in a chunk there.
+  int fwd_smem_row_bytes = 0;
+  int fwd_smem_vecs = 0;
   // gamma (+beta) values a persistent CTA's thread may keep in registers.
   int keep_gamma_floats = 0;
   // Backward: elements of a row a thread caches (x, dy and fp32 dW/dB

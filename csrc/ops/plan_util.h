@@ -28,4 +28,14 @@ inline int widest_vec(jit::DType dtype, int max_vec, int64_t len) {
   return vec;
 }
 
+// Dynamic shared memory one CTA may opt into, by architecture (the CUDA
+// programming guide's table): 227 KB on sm_90/sm_100 class parts, 163 KB on
+// sm_80/sm_87, 99 KB on sm_86/sm_89/sm_120 class parts. A fixed table keeps
+// kernel keys identical between GPU-less precompile and the device.
+inline int64_t max_smem_per_block(int arch) {
+  if (arch == 80 || arch == 87) return 163 * 1024;
+  if (arch >= 90 && arch < 120) return 227 * 1024;
+  return 99 * 1024;
+}
+
 }  // namespace rtcnorm

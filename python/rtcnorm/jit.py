@@ -5,6 +5,9 @@ kept in memory per device, and stored on disk under :func:`cache_dir`
 (``$RTCNORM_CACHE_DIR``, default ``~/.cache/rtcnorm/<version>``), one
 folder per GPU architecture. Set ``RTCNORM_DISABLE_DISK_CACHE=1`` to keep
 kernels in memory only, and ``RTCNORM_NVRTC_PATH`` to choose the NVRTC library.
+``RTCNORM_JIT_VERBOSE=1`` prints each compiled kernel's registers, spill bytes
+and shared memory (ptxas' report) to stderr; kernels found on disk are not
+compiled, so pair it with ``RTCNORM_DISABLE_DISK_CACHE=1``.
 """
 
 from __future__ import annotations

@@ -13,12 +13,17 @@ MODES = ("static_persistent", "multi_wave_reload", "multi_wave_cached")
   For narrow rows gamma (and beta) stay in registers for the CTA's lifetime.
 - ``multi_wave_reload``: one CTA per block of rows; x is read once for the
   statistics and again for the normalize pass (the re-read mostly hits L2).
-- ``multi_wave_cached``: one CTA per block of rows; the row stays in registers
-  between the two passes, so x is read once.
+- ``multi_wave_cached``: one CTA per block of rows; the row stays on chip
+  between the two passes, so x is read once: in registers, or in shared memory
+  for long rows beside a residual or a bias (see below).
 
-Rows too wide for registers (more than 64 bf16/fp16 or 32 fp32 values per
-thread at 1024 threads, i.e. N > 65536 for 16-bit types, N > 32768 for fp32)
-fall back to re-reading x in ``static_persistent`` and ``multi_wave_cached``.
+Where the row stays: in registers up to 64 bf16/fp16 or 32 fp32 values per
+thread at 1024 threads. In shared memory (``explain(...)["smem"]`` bytes per
+CTA) for rows of 16 KB or more with a residual, LayerNorm rows of 64 KB or more
+(32 KB for fp32) with a bias, and any row too wide for registers that fits the
+CTA's shared memory (227 KB on sm_90/sm_100, 163 KB on sm_80, 99 KB on
+sm_86/sm_89). ``static_persistent`` keeps rows the same way. Rows that fit
+neither (e.g. N = 131072 in bf16) are re-read in every mode.
 """
 
 _OPS = ("rms_norm", "layer_norm")

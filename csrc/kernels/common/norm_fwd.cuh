@@ -8,7 +8,13 @@
 // - N % VEC == 0, and every base pointer and row stride is VEC-aligned.
 // - kCachedRow implies the row is one chunk (N / VEC <= TPR * NV): the row is
 //   read from memory once and kept in registers as raw T.
-// - Without kCachedRow the row is streamed in chunks twice: once for the
+// - kSmemRow keeps the row in dynamic shared memory instead (ROWS * N * sizeof(T)
+//   bytes, set by the host): read from memory once, in chunks, with only one
+//   chunk in registers. Each thread reads back exactly the vectors it wrote,
+//   so the row needs no barrier of its own. This frees the registers a long
+//   register-cached row pins, which otherwise spill once gamma, beta or the
+//   residual join it (LayerNorm at N = 32768: 188 bytes per thread).
+// - With neither, the row is streamed in chunks twice: once for the
 //   statistics, once to normalize (the second read mostly hits L2).
 // - The loop over row blocks is uniform across the CTA (rows past the end
 //   still take part in the barriers), so a persistent grid (gridDim.x smaller
@@ -133,19 +139,23 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
   constexpr bool kCached = (FLAGS & kCachedRow) != 0;
+  constexpr bool kSmem = (FLAGS & kSmemRow) != 0;
   constexpr bool kKeep = (FLAGS & kKeepGamma) != 0;
   constexpr bool kRes = (FLAGS & kResidual) != 0;
   constexpr bool kEven = kVecs % kChunk == 0;
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
-  constexpr bool kNext = kCached && (FLAGS & kPrefetchNext) != 0;
+  constexpr bool kNext = (kCached || (kSmem && kChunks == 1)) && (FLAGS & kPrefetchNext) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
+  static_assert(!(kCached && kSmem), "a row is cached in registers or in shared memory, not both");
   static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
 
   __shared__ GroupScratch<TPR, ROWS, Acc> scratch;
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
+  extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
+  PT* const srow = reinterpret_cast<PT*>(norm_dyn_smem) + (kSmem ? group * kVecs : 0);
   const T* x = static_cast<const T*>(p.x);
   const T* res = static_cast<const T*>(p.residual);
   T* y = static_cast<T*>(p.y);
@@ -203,6 +213,11 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 #pragma unroll
         for (int i = 0; i < NV; ++i) cache[i] = xv[i];
       }
+      if constexpr (kSmem) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+          if (ok[i]) srow[c * kChunk + i * TPR + lane] = xv[i];
+      }
     }
 
     acc = group_allreduce<TPR, ROWS>(acc, scratch);
@@ -222,6 +237,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         PT xv;
         if constexpr (kCached)
           xv = cache[i];
+        else if constexpr (kSmem)
+          xv = srow[v];
         else if constexpr (kRes)
           xv = load_coherent<T, VEC>(h, yoff + 1LL * v * VEC);
         else

@@ -34,6 +34,7 @@ enum NormFlags : unsigned {
   kL2Prefetch = 1u << 9,     // streamed loads ask L2 for the whole 256-byte block
   kStreamStore = 1u << 10,   // outputs are stored evict-first (.cs): not re-read
   kPrefetchNext = 1u << 11,  // a cached grid-stride loop asks L2 for its next row block
+  kSmemRow = 1u << 12,       // forward: the row stays in dynamic shared memory between passes
 };
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
