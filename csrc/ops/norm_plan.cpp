@@ -375,7 +375,12 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
                       plan.cached && !narrow && kBwdCacheElems <= 16 && tpr * rows == 512);
   // CTAs under 512 threads left uncapped take so many registers that one or
   // two fit per SM (N = 5120: 320 threads); two per SM was 45% faster.
-  k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, pick(t.bwd_min_blocks, tpr * rows < 512 ? 2 : 1)));
+  // LayerNorm's two accumulator sets need ~96 registers: two CTAs of 448
+  // threads (N = 7168) cap them at 72 and spill 176 bytes, so one CTA per SM
+  // there (H100, 16384x7168: 1473 -> 2143 GB/s; N = 5120 keeps two: 2290 vs 1830).
+  const int threads = tpr * rows;
+  const bool two_fit = threads < 512 && (p.kind == kRmsNorm || 65536 / (2 * threads) >= 96);
+  k.variant = static_cast<int16_t>(min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1)));
   plan.key = k;
   Reason why(explain ? &plan.reason : nullptr);
   why << (plan.cached ? "x and dy kept in registers, dW partials in registers"
