@@ -172,6 +172,14 @@ def test_explain_long_rows_in_shared_memory(op, shape, dtype, residual, smem):
         assert rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu")["smem"] == 0
 
 
+@pytest.mark.parametrize(("op", "n", "minb"), [("layer_norm", 7168, 1), ("layer_norm", 5120, 2), ("rms_norm", 7168, 2)])
+def test_backward_launch_bounds_leave_layer_norm_its_registers(op, n, minb):
+    """Two CTAs per SM only where each thread keeps enough registers: LayerNorm's
+    448-thread CTAs (N = 7168) would get 72 and spill, so they run one per SM."""
+    kernel = rtcnorm.explain(op, (16384, n), torch.bfloat16, device="cpu")["backward"]["kernel"]
+    assert kernel.endswith(f", {minb}>"), kernel
+
+
 def test_explain_describes_mixed_dtypes_and_flags():
     plan = rtcnorm.explain("rms_norm", (64, 4096), torch.bfloat16, weight_dtype=torch.float32, device="cpu")
     assert plan["kernel"].startswith("rtcnorm::rms_norm_fwd<rtcnorm::bf16, float, 4096,")
