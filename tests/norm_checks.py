@@ -17,6 +17,19 @@ MODES = (None, "static_persistent", "multi_wave_reload", "multi_wave_cached")
 # (M, N): a single row, and 65537 rows (one past a power of two) of moderate width.
 ROW_COUNT_SHAPES = [(1, 1), (1, 127), (1, 4096), (1, 7168), (1, 262144), (65537, 1), (65537, 127), (65537, 1000)]
 
+# CPU reference tests of both norms: every dtype the CPU kernels take, and
+# shapes with leading dims, a two-dim normalized_shape, odd N, N = 1 and a
+# row wider than a 4096-thread chunk.
+CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+CPU_SHAPES = {
+    "rows": ((7, 1000), [1000]),
+    "leading_dims": ((2, 3, 5, 64), [64]),
+    "two_normalized_dims": ((4, 6, 8), [6, 8]),
+    "odd_n": ((5, 127), [127]),
+    "n_is_1": ((9, 1), [1]),
+    "one_wide_row": ((1, 4097), [4097]),
+}
+
 # Weight/bias variants. "mixed" is a float32 weight (and bias) beside 16-bit input.
 RMS_VARIANTS = ("weight", "no_weight", "zero_centered", "mixed", "residual")
 LN_VARIANTS = ("weight_bias", "weight", "bias", "no_affine", "zero_centered", "mixed")

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from norm_checks import (
+    CPU_DTYPES,
+    CPU_SHAPES,
     GPU_DTYPES,
     GPU_N,
     LN_VARIANTS,
@@ -26,14 +28,6 @@ from reference import assert_close
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
-CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-CPU_SHAPES = {
-    "rows": ((7, 1000), [1000]),
-    "leading_dims": ((2, 3, 5, 64), [64]),
-    "two_normalized_dims": ((4, 6, 8), [6, 8]),
-    "odd_n": ((5, 127), [127]),
-    "one_wide_row": ((1, 4097), [4097]),
-}
 OPS = torch.ops.rtcnorm
 
 
