@@ -63,8 +63,9 @@ def rtcnorm_impl(kind, x, mask, scale):
     return rtcnorm.scaled_aligned_causal_masked_softmax(x, scale)
 
 
-def _apex():
-    from apex.transformer.functional import fused_softmax as f
+def _megatron_kernels(f, aligned: bool):
+    """A runner over the Megatron fused-softmax autograd functions of module `f`
+    (Apex and TransformerEngine ship the same ones; Apex has no aligned causal)."""
 
     def run(kind, x, mask, scale):
         if kind == "masked":
@@ -72,23 +73,23 @@ def _apex():
         if kind == "causal":
             b, h, sq, sk = x.shape
             return f.ScaledUpperTriangMaskedSoftmax.apply(x.view(-1, sq, sk), scale).view(b, h, sq, sk)
-        raise NotImplementedError("no aligned causal kernel")
+        if not aligned:
+            raise NotImplementedError("no aligned causal kernel")
+        return f.ScaledAlignedCausalMaskedSoftmax.apply(x, scale)
 
     return run
+
+
+def _apex():
+    from apex.transformer.functional import fused_softmax as f
+
+    return _megatron_kernels(f, aligned=False)
 
 
 def _te():
     from transformer_engine.pytorch import softmax as f
 
-    def run(kind, x, mask, scale):
-        if kind == "masked":
-            return f.ScaledMaskedSoftmax.apply(x, mask, scale)
-        if kind == "causal":
-            b, h, sq, sk = x.shape
-            return f.ScaledUpperTriangMaskedSoftmax.apply(x.view(-1, sq, sk), scale).view(b, h, sq, sk)
-        return f.ScaledAlignedCausalMaskedSoftmax.apply(x, scale)
-
-    return run
+    return _megatron_kernels(f, aligned=True)
 
 
 def implementations(with_peers: bool):

@@ -153,6 +153,17 @@ std::string program_log(const NvrtcApi& api, nvrtcProgram prog) {
   return log;
 }
 
+// A debugging switch set to exactly "1" in the environment.
+bool env_is_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
+// RTCNORM_JIT_VERBOSE=1: each compile prints ptxas' registers, spill bytes
+// and shared memory for the kernel to stderr (a tuning aid; a kernel found in
+// the disk cache is not compiled, so pair it with RTCNORM_DISABLE_DISK_CACHE=1).
+bool jit_verbose() { return env_is_one("RTCNORM_JIT_VERBOSE"); }
+
 }  // namespace
 
 void set_nvrtc_search_dirs(std::vector<std::string> dirs) {
@@ -161,14 +172,6 @@ void set_nvrtc_search_dirs(std::vector<std::string> dirs) {
 }
 
 const NvrtcInfo& nvrtc_info() { return loaded().info; }
-
-// RTCNORM_JIT_VERBOSE=1: each compile prints ptxas' registers, spill bytes
-// and shared memory for the kernel to stderr (a tuning aid; a kernel found in
-// the disk cache is not compiled, so pair it with RTCNORM_DISABLE_DISK_CACHE=1).
-bool jit_verbose() {
-  const char* v = std::getenv("RTCNORM_JIT_VERBOSE");
-  return v != nullptr && std::string(v) == "1";
-}
 
 std::vector<std::string> compile_options(int arch, std::string* target, bool* is_cubin) {
   const NvrtcInfo& info = nvrtc_info();
@@ -186,8 +189,7 @@ std::vector<std::string> compile_options(int arch, std::string* target, bool* is
   *is_cubin = known;
   *target = known ? "sm_" + std::to_string(arch) : "compute_" + std::to_string(ptx_arch);
   std::vector<std::string> opts = {"--gpu-architecture=" + *target, "-std=c++17", "--restrict"};
-  if (const char* li = std::getenv("RTCNORM_JIT_LINEINFO"); li != nullptr && std::string(li) == "1")
-    opts.emplace_back("-lineinfo");
+  if (env_is_one("RTCNORM_JIT_LINEINFO")) opts.emplace_back("-lineinfo");
   if (jit_verbose()) opts.emplace_back("--ptxas-options=-v");
   return opts;
 }

@@ -200,8 +200,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const bool smem_wanted =
       t.fwd_smem_row_bytes > 0 ? row_bytes >= t.fwd_smem_row_bytes : (!reg_can || smem_row_rule(p, row_bytes));
   const bool smem_fits = !narrow && smem_wanted && smem_rows * row_bytes <= max_smem_per_block(arch);
-  const bool reg_fits = !smem_fits && reg_can;
-  const bool fits = smem_fits || reg_fits;
+  const bool fits = smem_fits || reg_can;
   const int tpr = smem_fits ? smem_tpr : reg_tpr;
   const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
   const int rows = std::max(1, kCtaThreads / tpr);
