@@ -180,6 +180,39 @@ def test_backward_launch_bounds_leave_layer_norm_its_registers(op, n, minb):
     assert kernel.endswith(f", {minb}>"), kernel
 
 
+@pytest.mark.parametrize(
+    ("op", "n", "residual", "mode", "minb"),
+    [
+        ("layer_norm", 5120, False, "multi_wave_cached", 8),  # 40 elements per thread: 64 registers
+        ("rms_norm", 2560, False, "multi_wave_cached", 8),
+        ("rms_norm", 2560, True, "multi_wave_cached", 4),  # a residual would spill at 64
+        ("layer_norm", 8192, False, "multi_wave_cached", 4),  # 64 elements per thread spill at 64
+        ("layer_norm", 6144, False, "static_persistent", 4),  # 4 x 96 threads per SM: persistent
+        ("rms_norm", 6144, False, "multi_wave_cached", 4),
+    ],
+)
+def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb):
+    """Short register-cached rows run 8 CTAs per SM; LayerNorm rows whose launch
+    bounds guarantee under 512 threads per SM take the persistent grid."""
+    plan = rtcnorm.explain(op, (16384, n), torch.bfloat16, residual=residual, device="cpu")
+    assert plan["mode"] == mode and plan["kernel"].endswith(f", {minb}>"), plan
+    if mode == "static_persistent":
+        assert "guarantee only 384 threads per SM" in plan["reason"]
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "threads", "elems"),
+    [(8192, torch.bfloat16, 512, 16), (8192, torch.float32, 512, 16), (12288, torch.bfloat16, 384, 32),
+     (16384, torch.float32, 512, 32), (4096, torch.bfloat16, 256, 16)],
+)  # fmt: skip
+def test_rms_backward_caches_32_elements_only_above_8192(n, dtype, threads, elems):
+    """RMSNorm's backward keeps 32 row elements per thread for N in (8192, 16384]
+    and 16 at N = 8192, where 32 spilled (fp32: 264-304 bytes)."""
+    kernel = rtcnorm.explain("rms_norm", (16384, n), dtype, device="cpu")["backward"]["kernel"]
+    vec, tpr, _, nv = (int(f) for f in kernel.split(", ")[3:7])
+    assert (tpr, vec * nv) == (threads, elems), kernel
+
+
 def test_explain_describes_mixed_dtypes_and_flags():
     plan = rtcnorm.explain("rms_norm", (64, 4096), torch.bfloat16, weight_dtype=torch.float32, device="cpu")
     assert plan["kernel"].startswith("rtcnorm::rms_norm_fwd<rtcnorm::bf16, float, 4096,")

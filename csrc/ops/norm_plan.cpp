@@ -205,6 +205,20 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
   const int rows = std::max(1, kCtaThreads / tpr);
   plan.row_blocks = ceil_div(p.rows, rows);
+  // Launch bounds of a wide register-cached row. Left 128 registers (4 CTAs
+  // per SM), ptxas takes them all even for a short per-thread row; rows of at
+  // most 80 bytes per thread are capped at 64 (8 CTAs), spilling at most a
+  // few bytes (H100, LayerNorm 16384x5120 kernel-only: 2367 -> 2852 GB/s).
+  // Longer rows spill there (LayerNorm N = 6144: 144 bytes, 7168: 44), and so
+  // do rows beside a residual (80-96 bytes), so those keep 4.
+  const bool short_row = !p.residual && nv_row * vec * esize <= 80;
+  const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, short_row ? 8 : 4));
+  // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
+  // at N = 6144 taking 168 registers) LayerNorm's multi-wave grid has too few
+  // rows in flight, and a persistent one prefetching its next row wins
+  // (2469 -> 2667 GB/s); RMSNorm's lighter rows still reach 99% of copy
+  // there, ahead of persistent CTAs (2916 vs 2812).
+  const bool low_residency = p.kind == kLayerNorm && reg_min_blocks * tpr * rows < 512;
 
   Reason why(explain ? &plan.reason : nullptr);
   NormMode mode = requested;
@@ -226,6 +240,10 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
       mode = NormMode::kMultiWaveCached;
       why << "row of " << row_bytes / 1024 << " KB kept in shared memory: read x once, one chunk of "
           << std::min(nv_row, smem_vecs) * vec << " elements per thread in registers at a time";
+    } else if (low_residency) {
+      mode = NormMode::kStaticPersistent;
+      why << "row fits in registers (" << nv_row * vec << " elements per thread) but launch bounds guarantee only "
+          << reg_min_blocks * tpr * rows << " threads per SM: persistent CTAs prefetch their next row into L2";
     } else {
       mode = NormMode::kMultiWaveCached;
       why << "row fits in registers (" << nv_row * vec << " elements per thread): read x once";
@@ -263,7 +281,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   // float32 gamma and beta beside a 16-bit row in shared memory want 128
   // registers (one CTA per SM): 1441 -> 1728 GB/s at LayerNorm 2048x32768.
   const bool wide_affine = in_smem && p.has_bias && jit::element_size(p.wdtype) > esize;
-  int min_blocks = pick(t.fwd_min_blocks, wide_affine ? 1 : 4);
+  int min_blocks = in_regs && !narrow ? reg_min_blocks : pick(t.fwd_min_blocks, wide_affine ? 1 : 4);
   if (in_smem) min_blocks = std::min<int64_t>(min_blocks, std::max<int64_t>(1, max_smem_per_block(arch) / plan.smem));
   k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, min_blocks));
   plan.key = k;
@@ -336,8 +354,11 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const NormTuning& t = norm_tuning();
   const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
-  // CTAs; RMSNorm at N = 8K..16K wants 32; everything else 16 at 512 threads.
-  const bool wide_rms = p.kind == kRmsNorm && p.hidden >= 8192 && p.hidden <= 16384;
+  // CTAs; RMSNorm above 8K up to 16K wants 32; everything else 16 at 512
+  // threads. At N = 8192 32 elements spilled (H100, 16384x8192 kernel-only:
+  // bf16 2295 -> 2649 GB/s at 16, fp32 1988 -> 2881); at 16384 16 elements
+  // would take 1024-thread CTAs of 64 registers (fp32 2192 -> 1923).
+  const bool wide_rms = p.kind == kRmsNorm && p.hidden > 8192 && p.hidden <= 16384;
   const int kBwdCacheElems = pick(t.bwd_cache_elems, narrow ? 8 : (wide_rms ? 32 : 16));
   NormBwdPlan plan;
   const int vec = choose_vec(p);
