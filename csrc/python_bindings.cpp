@@ -178,9 +178,10 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
 }
 
 py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch,
-                         bool mask_bcast) {
+                         int64_t mask_bcast) {
   SoftmaxProblem p;
-  p.mask_bcast = mask_bcast;
+  p.mask_bcast = mask_bcast > 1;
+  p.bcast = std::max<int64_t>(1, mask_bcast);
   p.dtype = parse_dtype(dtype);
   p.rows = rows;
   p.cols = cols;

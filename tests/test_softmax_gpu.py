@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import rtcnorm
 import torch
+from rtcnorm import _tuning
 from softmax_reference import (
     CAUSAL_OPS,
     DTYPES,
@@ -91,6 +92,30 @@ def test_gpu_many_rows(sk):
 def test_gpu_broadcast_masks(mask_shape):
     x = random_input((2, 3, 5, 72), torch.bfloat16, "cuda", seed=13)
     check_op("scaled_masked_softmax", x, random_mask(mask_shape, "cuda", seed=13, p=0.4))
+
+
+@pytest.mark.parametrize("reuse_run", [1, 3, 1 << 20])  # runs of one row, uneven runs, one run per mask row
+@pytest.mark.parametrize(
+    ("shape", "mask_shape"),
+    [
+        ((3, 7, 13, 200), (3, 1, 13, 200)),  # 7 heads share a mask row; 13 query rows, 8 row groups per CTA
+        ((2, 5, 9, 4096), (2, 1, 9, 4096)),  # a CTA per row
+        ((2, 3, 4, 33, 40), (1, 1, 1, 33, 40)),  # broadcast over two dims (one group of 24 rows)
+        ((4, 6, 3, 1000), (4, 1, 3, 1000)),
+    ],
+)
+def test_gpu_mask_reuse(shape, mask_shape, reuse_run):
+    """Each row group reads its broadcast mask row once for a run of the rows
+    sharing it: the same output, bit for bit, as reading it once per row."""
+    x = random_input(shape, torch.bfloat16, "cuda", seed=21)
+    m = random_mask(mask_shape, "cuda", seed=21, p=0.4)
+    m[..., 1, :] = True  # fully masked rows, too
+    with _tuning.softmax_override(reuse_run=reuse_run):
+        plan = rtcnorm.softmax.explain("scaled_masked_softmax", shape, torch.bfloat16, mask_shape=mask_shape)
+        assert "mask row once" in plan["forward"]["reason"]
+        y = check_op("scaled_masked_softmax", x, m)
+    with _tuning.softmax_override(mask_reuse=1, mask_order=2):
+        assert torch.equal(torch.ops.rtcnorm.scaled_masked_softmax(x, m, 0.37), y)
 
 
 def test_gpu_mask_layouts():

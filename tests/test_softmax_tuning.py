@@ -67,28 +67,43 @@ def test_default_plans():
     f = rtcnorm.softmax.explain(MASKED, shape, torch.bfloat16, mask_shape=shape)["forward"]
     assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 2, 4, 1, true, 4, 0u>"
     assert not f["persistent"] and f["grid"] == 4 * 32 * 1024 // 2
-    # A mask broadcast over heads, rows of >= 4096 keys: heads back to back, a CTA per row.
+    # A mask broadcast over heads, rows of >= 2048 keys: a CTA per row, and each
+    # mask row read once for a run of 4 heads (8 runs of the 32 heads).
     f = plan(shape)["forward"]
-    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 1, 4, 1, true, 8, 4u>"
-    assert not f["persistent"] and f["grid"] == 4 * 32 * 1024 and "mask row" in f["reason"]
-    assert plan((4, 32, 1024, 2048))["forward"]["kernel"].endswith(", 0u>")  # shorter rows: unchanged
+    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 1, 4, 1, true, 8, 12u>"
+    assert not f["persistent"] and f["grid"] == 4 * 1024 * 8
+    assert "run of 4 rows sharing it (8 runs per mask row)" in f["reason"]
+    f = plan((4, 32, 1024, 2048))["forward"]  # 8 rows per CTA: 512 mask row blocks x 8 runs
+    assert f["kernel"].endswith(", 8, 1, true, 4, 12u>") and f["grid"] == 512 * 8
+    # Runs of 2 where 4 would leave fewer than 2048 row blocks.
+    assert plan((1, 32, 128, 8192))["forward"]["grid"] == 128 * 16
+    assert plan((4, 32, 1024, 1024))["forward"]["kernel"].endswith(", 0u>")  # shorter rows: unchanged
+    # Too few rows for runs that still leave 8192 row blocks: heads back to back only.
+    assert plan((1, 32, 32, 8192))["forward"]["kernel"].endswith(", 4u>")
 
 
 def test_overrides_reach_the_key():
     base = plan()
     with _tuning.softmax_override(fwd_resident_threads=512):
-        assert plan()["forward"]["kernel"].endswith("true, 4, 4u>")
-    with _tuning.softmax_override(fwd_persistent=2, fwd_prefetch=2, mask_order=2, ctas_per_sm=3):
+        assert plan()["forward"]["kernel"].endswith("true, 4, 12u>")
+    with _tuning.softmax_override(fwd_persistent=2, fwd_prefetch=2, mask_order=2, ctas_per_sm=3, mask_reuse=1):
         f = plan()["forward"]
         assert f["persistent"] and f["grid"] == "SMs x min(occupancy, 3)"
         assert f["kernel"].endswith(", 6u>") and "prefetched" in f["reason"] and "mask row" in f["reason"]
+    with _tuning.softmax_override(fwd_persistent=2, fwd_prefetch=2):
+        assert plan()["forward"]["kernel"].endswith(", 12u>")  # mask reuse takes no prefetch
+    with _tuning.softmax_override(reuse_run=5):
+        f = plan()["forward"]
+        assert f["grid"] == 4 * 1024 * 7 and "run of 5 rows sharing it (7 runs per mask row)" in f["reason"]
+        f = plan((4, 32, 1024, 1024))["forward"]  # an override turns reuse on for any length
+        assert f["kernel"].endswith(", 12u>") and f["grid"] == 4 * 1024 // 8 * 7
     full = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096))["forward"]
     with _tuning.softmax_override(fwd_prefetch=2, mask_order=2):
         f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096))["forward"]
         assert f["kernel"] == full["kernel"]  # no persistent grid, no broadcast mask: no-ops
     with _tuning.softmax_override(fwd_target_regs=32, keep_exp_elems=64):
         f = plan()["forward"]
-        assert f["vecs_per_thread"] == 8 and f["kernel"].endswith(", 5u>")  # keep-exp, heads back to back
+        assert f["vecs_per_thread"] == 8 and f["kernel"].endswith(", 13u>")  # keep-exp, mask reuse
     with _tuning.softmax_override(bwd_persistent=2, bwd_prefetch=2, bwd_cta_threads=512):
         b = plan()["backward"]
         assert b["persistent"] and b["kernel"].endswith(", 2u>")
@@ -103,22 +118,28 @@ def test_overrides_reach_the_key():
     [((4, 1, 1024, 4096), True), ((1, 1, 1024, 4096), True), ((4, 1, 1, 4096), False), ((4, 32, 1024, 4096), False)],
 )
 def test_mask_order_needs_a_broadcast_over_rows(mask_shape, expected):
-    with _tuning.softmax_override(mask_order=2):
+    with _tuning.softmax_override(mask_order=2, mask_reuse=1):
         f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096), mask_shape=mask_shape)["forward"]
     assert f["kernel"].endswith(", 4u>") == expected
+    f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096), mask_shape=mask_shape)["forward"]
+    assert f["kernel"].endswith(", 12u>") == expected  # and so does mask reuse
 
 
 def test_tuned_variants_compile():
     """Every kernel option and a non-default launch bound compile for sm_80, sm_90 and sm_100."""
     settings = dict(fwd_persistent=2, fwd_prefetch=2, mask_order=2, keep_exp_elems=64, fwd_resident_threads=512,
                     bwd_persistent=2, bwd_prefetch=2, bwd_resident_threads=512)  # fmt: skip
+    lines = []
+    for reuse in (1, 2):  # mask reuse drops the prefetch: 7u without it, 13u with it
+        with _tuning.softmax_override(mask_reuse=reuse, **settings):
+            lines += rtcnorm.jit.precompile(
+                MASKED, hidden_sizes=[4096], dtypes=[torch.bfloat16], archs=("sm_80", "sm_90", "sm_100")
+            )
     with _tuning.softmax_override(**settings):
-        lines = rtcnorm.jit.precompile(
-            MASKED, hidden_sizes=[4096], dtypes=[torch.bfloat16], archs=("sm_80", "sm_90", "sm_100")
-        )
         lines += rtcnorm.jit.precompile(
             "scaled_aligned_causal_masked_softmax", hidden_sizes=[1000], dtypes=[torch.float16], archs=("sm_90",)
         )
     kernels = {line.rsplit(" ", 2)[0] for line in lines}
     assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 7u>") for k in kernels), kernels
+    assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 13u>") for k in kernels), kernels
     assert any(k.startswith("rtcnorm::softmax_bwd") and k.endswith(", 2u>") for k in kernels), kernels

@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   constexpr bool kKeepExp = CACHED && (OPTS & kSoftmaxKeepExp) != 0;
   constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
   constexpr bool kHeadsInner = KIND == kSoftmaxMasked && (OPTS & kSoftmaxHeadsInner) != 0;
+  constexpr bool kReuse = CACHED && kHeadsInner && (OPTS & kSoftmaxMaskReuse) != 0;
   constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
 
@@ -128,90 +129,131 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     }
   };
 
-  for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
-    const SoftmaxRow r = row_at(rb);
+  // Loads the visible vectors of chunk c of row r, and (with_mask) their mask
+  // bits packed 32 to a word (vector i owns bits i * VEC .. i * VEC + VEC - 1;
+  // VEC divides 32); without with_mask, mw keeps the bits already there.
+  auto load_chunk = [&](const SoftmaxRow& r, long long xoff, long long moff, int c, PT(&xv)[NV],
+                        unsigned(&mw)[kMaskWords], bool with_mask) {
+    if (with_mask) {
+#pragma unroll
+      for (int w = 0; w < kMaskWords; ++w) mw[w] = 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = c * kChunk + i * TPR + lane;
+      if (v < r.nload) {
+        xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+        if constexpr (KIND == kSoftmaxMasked)
+          if (with_mask) mw[i * VEC / 32] |= load_mask_bits<VEC>(p.mask + moff + 1LL * v * VEC) << (i * VEC % 32);
+      }
+    }
+  };
+  auto bits = [](const unsigned(&mw)[kMaskWords], int i) { return mw[i * VEC / 32] >> (i * VEC % 32); };
+
+  // A register-cached row: x (and with_mask, the mask bits) read once. Row
+  // block rb only steers the next-row-block prefetch.
+  auto cached_row = [&](const SoftmaxRow& r, unsigned(&mw)[kMaskWords], bool with_mask, int rb) {
     const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
     const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
     const long long yoff = static_cast<long long>(r.row) * p.cols;
     const int nstore = r.ok ? nvec : 0;
-
-    // Loads the visible vectors of chunk c, and their mask bits packed 32 to a
-    // word (vector i owns bits i * VEC .. i * VEC + VEC - 1; VEC divides 32).
-    auto load_chunk = [&](int c, PT(&xv)[NV], unsigned(&mw)[kMaskWords]) {
+    PT xv[NV];
+    load_chunk(r, xoff, moff, 0, xv, mw, with_mask);
+    if constexpr (kPrefetch && !kReuse) prefetch_rows(rb + gridDim.x);
+    float m = neg_inf();
 #pragma unroll
-      for (int w = 0; w < kMaskWords; ++w) mw[w] = 0u;
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (v >= r.nload) continue;
+      float z[VEC];
+      logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = c * kChunk + i * TPR + lane;
-        if (v < r.nload) {
-          xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
-          if constexpr (KIND == kSoftmaxMasked)
-            mw[i * VEC / 32] |= load_mask_bits<VEC>(p.mask + moff + 1LL * v * VEC) << (i * VEC % 32);
-        }
+      for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
+    }
+    const float base = exp_base(m);
+    float e[kKeepExp ? NV : 1][VEC];
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (v >= r.nload) continue;
+      float z[VEC];
+      logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float t = fast_exp2(z[j]);
+        s += t;
+        if constexpr (kKeepExp) e[i][j] = t;
       }
-    };
-    auto bits = [](const unsigned(&mw)[kMaskWords], int i) { return mw[i * VEC / 32] >> (i * VEC % 32); };
+    }
+    const float f = row_factor(m, group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch));
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (v >= nstore) continue;
+      PT out = zero_pack<T, VEC>();
+      if (v < r.nload) {
+        float t[VEC];
+        if constexpr (kKeepExp) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) t[j] = e[i][j];
+        } else {
+          logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, t);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) t[j] = fast_exp2(t[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(t[j] * f);
+      }
+      store<T, VEC>(y, yoff + 1LL * v * VEC, out);
+    }
+  };
 
-    if constexpr (CACHED) {
-      PT xv[NV];
+  if constexpr (kReuse) {
+    // Row block rb = run c of mask row block mrb; group g takes mask row
+    // mr = mrb * ROWS + g (rows = outer x bcast x inner, mr = o * inner + q)
+    // and its bcast rows (o * bcast + h) * inner + q for h in the run. Every
+    // group of a CTA has the same run length, so the barriers stay uniform.
+    const unsigned bc = p.bcast.d, in = p.inner.d;
+    const unsigned mrows = static_cast<unsigned>(p.rows) / bc;
+    const int per = (static_cast<int>(bc) + p.reuse_splits - 1) / p.reuse_splits;
+    for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+      const int mrb = rb / p.reuse_splits;
+      const int h0 = (rb - mrb * p.reuse_splits) * per;
+      const int h1 = min(static_cast<int>(bc), h0 + per);
+      const unsigned mr = static_cast<unsigned>(mrb) * ROWS + threadIdx.x / TPR;
+      const unsigned o = fast_div(p.inner, mr);
+      const unsigned row0 = o * bc * in + (mr - o * in);
+      SoftmaxRow r;
+      r.ok = mr < mrows;
+      r.len = p.cols;
+      r.nload = r.ok ? (p.cols + VEC - 1) / VEC : 0;
       unsigned mw[kMaskWords];
-      load_chunk(0, xv, mw);
-      if constexpr (kPrefetch) prefetch_rows(rb + gridDim.x);
-      float m = neg_inf();
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = i * TPR + lane;
-        if (v >= r.nload) continue;
-        float z[VEC];
-        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
+      for (int h = h0; h < h1; ++h) {
+        r.row = r.ok ? row0 + static_cast<unsigned>(h) * in : static_cast<unsigned>(p.rows);
+        cached_row(r, mw, h == h0, rb);
       }
-      const float base = exp_base(m);
-      float e[kKeepExp ? NV : 1][VEC];
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = i * TPR + lane;
-        if (v >= r.nload) continue;
-        float z[VEC];
-        logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float t = fast_exp2(z[j]);
-          s += t;
-          if constexpr (kKeepExp) e[i][j] = t;
-        }
-      }
-      const float f = row_factor(m, group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch));
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = i * TPR + lane;
-        if (v >= nstore) continue;
-        PT out = zero_pack<T, VEC>();
-        if (v < r.nload) {
-          float t[VEC];
-          if constexpr (kKeepExp) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) t[j] = e[i][j];
-          } else {
-            logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, t);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) t[j] = fast_exp2(t[j]);
-          }
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(t[j] * f);
-        }
-        store<T, VEC>(y, yoff + 1LL * v * VEC, out);
-      }
+    }
+    return;
+  }
+
+  for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+    const SoftmaxRow r = row_at(rb);
+    if constexpr (CACHED) {
+      unsigned mw[kMaskWords];
+      cached_row(r, mw, true, rb);
     } else {
+      const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
+      const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
+      const long long yoff = static_cast<long long>(r.row) * p.cols;
+      const int nstore = r.ok ? nvec : 0;
       float m = neg_inf(), s = 0.f;
       const int load_chunks = (r.nload + kChunk - 1) / kChunk;
 #pragma unroll 1
       for (int c = 0; c < load_chunks; ++c) {
         PT xv[NV];
         unsigned mw[kMaskWords];
-        load_chunk(c, xv, mw);
+        load_chunk(r, xoff, moff, c, xv, mw, true);
         float cm = neg_inf();
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
@@ -242,7 +284,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       for (int c = (nstore + kChunk - 1) / kChunk - 1; c >= 0; --c) {
         PT xv[NV];
         unsigned mw[kMaskWords];
-        load_chunk(c, xv, mw);
+        load_chunk(r, xoff, moff, c, xv, mw, true);
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           const int v = c * kChunk + i * TPR + lane;

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -216,6 +217,7 @@ void launch_softmax(const char* op, const at::Tensor& like, const SoftmaxProblem
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
   prm.row_blocks = static_cast<int>(plan.row_blocks);
+  if constexpr (std::is_same_v<Params, SoftmaxFwdParams>) prm.reuse_splits = plan.reuse_splits;
   const int64_t grid = softmax_grid(plan, info.sm_count, k.blocks_per_sm);
   jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
 }
@@ -255,6 +257,7 @@ at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at:
   prob.kind = softmax_kind(op);
   int64_t inner = 1, bcast = 1;
   prob.mask_bcast = m.defined() && mask_broadcast_split(prm.mask_rows, d.rows, &inner, &bcast);
+  prob.bcast = bcast;
   prm.inner = make_fast_div(inner);
   prm.bcast = make_fast_div(bcast);
 

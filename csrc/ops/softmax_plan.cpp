@@ -53,6 +53,15 @@ constexpr int kStreamRegs = 8;
 constexpr int kStreamThreads = 512;
 constexpr int kCtaThreads = 256;  // rows shorter than a CTA share one
 constexpr int kLongMaskedCols = 4096;
+// Mask reuse (H100 sweep, benchmarks/NOTES.md): runs of 4 rows per mask row
+// were best or within 1% from sk = 2048 up (sk = 4096: runs of 32 2715 GB/s,
+// 16 2787, 4 2822); at sk = 1024 reuse lost (2731 -> 2637). Runs stay short
+// enough to leave the grid kReuseBlocks row blocks (sk = 2048, 8 rows per
+// CTA: 2048 blocks, 4 waves, 2752 GB/s), and longer CTAs are not worth it
+// where the grid is small already.
+constexpr int kReuseRun = 4;
+constexpr int kReuseCols = 2048;
+constexpr int kReuseBlocks = 2048;
 constexpr int kLongMaskedThreads = 128;
 // Past this many threads a row group needs barriers; up to kMaxRegs per thread
 // a warp per row is preferred (shuffles only).
@@ -141,6 +150,19 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
     opts |= kSoftmaxPrefetch;
   if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && switch_on(t.mask_order, long_masked))
     opts |= kSoftmaxHeadsInner;
+  // A mask broadcast over a dim (heads): each row group loads its mask row's
+  // bits once and applies them to a run of the rows sharing it.
+  int64_t per = std::min<int64_t>({p.bcast, kReuseRun, plan.row_blocks / kReuseBlocks});
+  const bool reuse_rule = p.cols >= kReuseCols && per >= 2;
+  if (t.reuse_run > 0) per = std::min<int64_t>(p.bcast, t.reuse_run);
+  if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && p.bcast > 1 && plan.cached &&
+      switch_on(t.mask_reuse, reuse_rule || t.reuse_run > 0)) {
+    const int64_t mask_blocks = ceil_div(p.rows / p.bcast, rows);
+    per = std::max<int64_t>(1, per);
+    plan.reuse_splits = static_cast<int>(ceil_div(p.bcast, per));
+    plan.row_blocks = mask_blocks * plan.reuse_splits;
+    opts = (opts & ~kSoftmaxPrefetch) | kSoftmaxHeadsInner | kSoftmaxMaskReuse;
+  }
 
   KernelKey k;
   k.family = p.backward ? &kSoftmaxBwd : &kSoftmaxFwd;
@@ -189,7 +211,11 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
   os << "; launch bounds: " << ((k.flags >> kMinBlocksShift) & 0xffu) << " CTAs per SM";
   if (opts & kSoftmaxKeepExp) os << "; exp2 kept in registers";
   if (opts & kSoftmaxPrefetch) os << "; next row block prefetched into L2";
-  if (opts & kSoftmaxHeadsInner) os << "; rows sharing a mask row taken consecutively";
+  if (opts & kSoftmaxMaskReuse)
+    os << "; each row group reads its mask row once for a run of " << ceil_div(p.bcast, plan.reuse_splits)
+       << " rows sharing it (" << plan.reuse_splits << (plan.reuse_splits == 1 ? " run" : " runs") << " per mask row)";
+  else if (opts & kSoftmaxHeadsInner)
+    os << "; rows sharing a mask row taken consecutively";
   if (p.kind == kSoftmaxCausal) os << "; causal: keys past the diagonal are neither read nor computed";
   return os.str();
 }
@@ -214,6 +240,8 @@ const SoftmaxTunable kSoftmaxTunables[] = {
     {"bwd_prefetch", &SoftmaxTuning::bwd_prefetch, 1, 2, false},
     {"keep_exp_elems", &SoftmaxTuning::keep_exp_elems, 1, 256, false},
     {"mask_order", &SoftmaxTuning::mask_order, 1, 2, false},
+    {"mask_reuse", &SoftmaxTuning::mask_reuse, 1, 2, false},
+    {"reuse_run", &SoftmaxTuning::reuse_run, 1, 1 << 30, false},
     {"ctas_per_sm", &SoftmaxTuning::ctas_per_sm, 1, 32, false},
     {"cache_threads", &SoftmaxTuning::cache_threads, 32, 1024, true},
     {"stream_regs", &SoftmaxTuning::stream_regs, 1, 64, false},
@@ -239,7 +267,7 @@ namespace {
 
 // Every kernel an op may launch for (dtype, sk, arch): its forward and the
 // backward its autograd calls. Assumes aligned tensors (the widest vector
-// access), as freshly allocated tensors are, and a mask broadcast over heads.
+// access), as freshly allocated tensors are; masks both full and broadcast.
 std::vector<KernelKey> softmax_keys(SoftmaxKind kind, DType dtype, int64_t cols, int arch) {
   SoftmaxProblem p;
   p.dtype = dtype;
@@ -247,8 +275,12 @@ std::vector<KernelKey> softmax_keys(SoftmaxKind kind, DType dtype, int64_t cols,
   p.cols = cols;
   p.max_vec = 16;
   p.kind = kind;
-  p.mask_bcast = kind == kSoftmaxMasked;
   std::vector<KernelKey> keys = {plan_softmax(p, arch).key};
+  if (kind == kSoftmaxMasked) {  // and a mask broadcast over 16 heads
+    p.mask_bcast = true;
+    p.bcast = 16;
+    keys.push_back(plan_softmax(p, arch).key);
+  }
   p.backward = true;
   keys.push_back(plan_softmax(p, arch).key);
   return keys;

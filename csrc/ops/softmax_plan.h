@@ -22,6 +22,7 @@ struct SoftmaxProblem {
   // Masked forward: the mask is constant along a dim that has rows of its
   // own below it (e.g. (b, 1, sq, sk) against (b, h, sq, sk)).
   bool mask_bcast = false;
+  int64_t bcast = 1;  // mask_bcast: rows sharing each mask row (the broadcast dim's size)
 };
 
 struct SoftmaxPlan {
@@ -30,6 +31,7 @@ struct SoftmaxPlan {
   bool persistent = false;  // grid = SMs x min(occupancy, ctas_per_sm); CTAs stride over row blocks
   int ctas_per_sm = 0;      // persistent: the cap (0: occupancy)
   int64_t row_blocks = 0;
+  int reuse_splits = 1;  // kSoftmaxMaskReuse: runs per mask row (SoftmaxFwdParams::reuse_splits)
 };
 
 SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch);

@@ -38,6 +38,12 @@ struct SoftmaxTuning {
   // Masked forward: take the rows that share a broadcast mask row
   // consecutively (kSoftmaxHeadsInner).
   int mask_order = 0;
+  // Masked forward, broadcast mask, cached rows: a row group reads its mask
+  // row once for a run of the rows sharing it (kSoftmaxMaskReuse; rule: on
+  // from sk = 2048 where the grid stays large), and the rows per run (rule:
+  // 4; an override turns reuse on).
+  int mask_reuse = 0;
+  int reuse_run = 0;
   // Cap on CTAs per SM of a persistent grid (rule: occupancy for cached
   // rows, kStreamCtasPerSm for streamed ones).
   int ctas_per_sm = 0;

@@ -119,20 +119,24 @@ class FusedScaleMaskSoftmax(nn.Module):
         return f"mask_type={self.mask_type!r}, scale={self.scale}"
 
 
-def _mask_bcast(mask_shape, shape) -> bool:
-    """Whether a mask of ``mask_shape`` is constant along a leading dim of
-    ``shape`` that has a non-broadcast leading dim of size > 1 inside it."""
+def _mask_bcast(mask_shape, shape) -> int:
+    """Rows sharing one mask row along the innermost leading dims of ``shape``
+    where a mask of ``mask_shape`` is constant (e.g. heads), counted only when
+    a non-broadcast leading dim of size > 1 lies inside them; else 0."""
     lead = shape[:-1]
     m = [1] * (len(shape) - len(mask_shape)) + list(mask_shape)
     m = m[:-1]
     seen_inner = False
+    size = 0
     for d in range(len(lead) - 1, -1, -1):
         if lead[d] == 1:
             continue
         if m[d] == 1 and seen_inner:
-            return True
+            size = max(size, 1) * lead[d]
+        elif size:
+            break
         seen_inner = seen_inner or m[d] != 1
-    return False
+    return size
 
 
 def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = "sm_90", mask_shape=None) -> dict:
@@ -149,7 +153,7 @@ def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = 
     rows = 1
     for s in shape[:-1]:
         rows *= s
-    bcast = mask_shape is not None and _mask_bcast([int(s) for s in mask_shape], shape)
+    bcast = _mask_bcast([int(s) for s in mask_shape], shape) if mask_shape is not None else 0
     from . import _C
 
     arch_number = int(str(arch).lower().removeprefix("sm_"))

@@ -51,10 +51,15 @@ enum SoftmaxKind : int {
 // - kSoftmaxHeadsInner (masked forward only): rows are taken in an order
 //   where the rows that share one mask row (a broadcast dim, e.g. heads) are
 //   consecutive, so a mask row is read from DRAM once and then hits L2.
+// - kSoftmaxMaskReuse (with kSoftmaxHeadsInner, cached rows only): each row
+//   group loads its mask row's bits once and applies them to a run of the
+//   rows sharing it (reuse_splits runs per mask row), so the mask is read
+//   from L2 and unpacked once per run rather than once per row.
 enum SoftmaxOpt : unsigned {
   kSoftmaxKeepExp = 1u,
   kSoftmaxPrefetch = 2u,
   kSoftmaxHeadsInner = 4u,
+  kSoftmaxMaskReuse = 8u,
 };
 
 struct SoftmaxFwdParams {
@@ -69,7 +74,10 @@ struct SoftmaxFwdParams {
   int cols;          // sk: elements per row, a multiple of the kernel's VEC
   int diag;          // kSoftmaxCausal: sk - sq (>= 0)
   float scale_log2;  // scale * log2(e): exp(scale * x) == exp2(scale_log2 * x)
-  int pad_;
+  // kSoftmaxMaskReuse: runs each mask row's bcast rows are split into (1 ..
+  // bcast); row block rb is run rb % reuse_splits of mask row block
+  // rb / reuse_splits, and row_blocks = mask row blocks x reuse_splits.
+  int reuse_splits;
   // kSoftmaxHeadsInner: rows = outer x bcast x inner, the mask constant along
   // bcast; step i takes row ((i / bcast) / inner * bcast + i % bcast) * inner
   // + (i / bcast) % inner.
