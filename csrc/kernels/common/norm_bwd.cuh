@@ -50,6 +50,23 @@ __device__ __forceinline__ void load_gamma(const void* weight, int vec_index, fl
   }
 }
 
+// Adds vector v's terms to the row sums the input gradient needs:
+// s.a += sum(w * dy * xhat), s.b += sum(w * dy), xhat = (x - mean) * rstd
+// (mean 0 for RMSNorm). Both backward designs call it, so their sums agree.
+template <typename T, typename W, int VEC, unsigned FLAGS>
+__device__ __forceinline__ void add_row_terms(const void* weight, int v, const Pack<T, VEC>& xv, const Pack<T, VEC>& dv,
+                                              float mean, float rstd, Sum2& s) {
+  float g[VEC];
+  load_gamma<W, VEC, FLAGS>(weight, v, g);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (to_float(xv.e[j]) - mean) * rstd;
+    const float wdy = __fmul_rn(to_float(dv.e[j]), g[j]);
+    s.a = fmaf(wdy, xhat, s.a);
+    s.b += wdy;
+  }
+}
+
 // Sums register accumulators over the CTA's row groups and writes the CTA's
 // partial row. All threads of the CTA must call it.
 template <int N, int VEC, int TPR, int ROWS, int NV>
@@ -162,15 +179,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
-        float g[VEC];
-        load_gamma<W, VEC, FLAGS>(p.weight, v, g);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (to_float(xv[i].e[j]) - mean) * rstd;
-          const float wdy = __fmul_rn(to_float(dv[i].e[j]), g[j]);
-          s.a = fmaf(wdy, xhat, s.a);
-          s.b += wdy;
-        }
+        add_row_terms<T, W, VEC, FLAGS>(p.weight, v, xv[i], dv[i], mean, rstd, s);
         if constexpr (kCached) {
           xc[i] = xv[i];
           dyc[i] = dv[i];

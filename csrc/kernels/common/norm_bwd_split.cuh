@@ -61,15 +61,7 @@ __device__ __forceinline__ void norm_bwd_coef(const NormBwdParams& p) {
     for (int i = 0; i < NV; ++i) {
       const int v = c * kChunk + i * TPR + lane;
       if (!(kEven || v < kVecs)) continue;
-      float g[VEC];
-      load_gamma<W, VEC, FLAGS>(p.weight, v, g);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float xhat = (to_float(xv[i].e[j]) - mean) * rstd;
-        const float wdy = __fmul_rn(to_float(dv[i].e[j]), g[j]);
-        s.a = fmaf(wdy, xhat, s.a);
-        s.b += wdy;
-      }
+      add_row_terms<T, W, VEC, FLAGS>(p.weight, v, xv[i], dv[i], mean, rstd, s);
     }
   }
   s = group_allreduce<TPR, 1>(s, scratch);
