@@ -67,14 +67,6 @@ struct SoftmaxRow {
   int nload;  // vectors holding at least one visible element
 };
 
-// Rows = outer x bcast x inner, with the mask constant along bcast: the row of
-// the h-th of the bcast rows sharing mask row t = o * inner + q, that is
-// (o * bcast + h) * inner + q.
-__device__ __forceinline__ unsigned bcast_row(unsigned t, unsigned h, const FastDiv& inner, unsigned bcast) {
-  const unsigned o = fast_div(inner, t);
-  return (o * bcast + h) * inner.d + (t - o * inner.d);
-}
-
 // The row a thread's group takes at row block rb: the step index itself, or
 // with HEADS_INNER its place in the order where the bcast rows sharing one
 // mask row are consecutive (see SoftmaxFwdParams). Steps past the end keep
@@ -87,7 +79,8 @@ __device__ __forceinline__ SoftmaxRow softmax_row(int rb, const FastDiv& sq, int
   r.ok = r.row < static_cast<unsigned>(rows);
   if (HEADS_INNER && r.ok) {
     const unsigned t = fast_div(*bcast, r.row);
-    r.row = bcast_row(t, r.row - t * bcast->d, *inner, bcast->d);
+    const unsigned o = fast_div(*inner, t);
+    r.row = (o * bcast->d + (r.row - t * bcast->d)) * inner->d + (t - o * inner->d);
   }
   r.len = cols;
   if (CAUSAL && r.ok) {
@@ -157,21 +150,13 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   };
   auto bits = [](const unsigned(&mw)[kMaskWords], int i) { return mw[i * VEC / 32] >> (i * VEC % 32); };
 
-  // Where row r's x, mask and y start, and how many vectors of y it writes.
-  struct Offsets {
-    long long x, m, y;
-    int nstore;
-  };
-  auto offsets = [&](const SoftmaxRow& r) {
-    return Offsets{r.ok ? row_offset(p.x_rows, r.row) : 0,
-                   (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0,
-                   static_cast<long long>(r.row) * p.cols, r.ok ? nvec : 0};
-  };
-
   // A register-cached row: x (and with_mask, the mask bits) read once. Row
   // block rb only steers the next-row-block prefetch.
   auto cached_row = [&](const SoftmaxRow& r, unsigned(&mw)[kMaskWords], bool with_mask, int rb) {
-    const auto [xoff, moff, yoff, nstore] = offsets(r);
+    const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
+    const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
+    const long long yoff = static_cast<long long>(r.row) * p.cols;
+    const int nstore = r.ok ? nvec : 0;
     PT xv[NV];
     load_chunk(r, xoff, moff, 0, xv, mw, with_mask);
     if constexpr (kPrefetch && !kReuse) prefetch_rows(rb + gridDim.x);
@@ -229,7 +214,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     // mr = mrb * ROWS + g (rows = outer x bcast x inner, mr = o * inner + q)
     // and its bcast rows (o * bcast + h) * inner + q for h in the run. Every
     // group of a CTA has the same run length, so the barriers stay uniform.
-    const unsigned bc = p.bcast.d;
+    const unsigned bc = p.bcast.d, in = p.inner.d;
     const unsigned mrows = static_cast<unsigned>(p.rows) / bc;
     const int per = (static_cast<int>(bc) + p.reuse_splits - 1) / p.reuse_splits;
     for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
@@ -237,13 +222,15 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       const int h0 = (rb - mrb * p.reuse_splits) * per;
       const int h1 = min(static_cast<int>(bc), h0 + per);
       const unsigned mr = static_cast<unsigned>(mrb) * ROWS + threadIdx.x / TPR;
+      const unsigned o = fast_div(p.inner, mr);
+      const unsigned row0 = o * bc * in + (mr - o * in);
       SoftmaxRow r;
       r.ok = mr < mrows;
       r.len = p.cols;
       r.nload = r.ok ? (p.cols + VEC - 1) / VEC : 0;
       unsigned mw[kMaskWords];
       for (int h = h0; h < h1; ++h) {
-        r.row = r.ok ? bcast_row(mr, static_cast<unsigned>(h), p.inner, bc) : static_cast<unsigned>(p.rows);
+        r.row = r.ok ? row0 + static_cast<unsigned>(h) * in : static_cast<unsigned>(p.rows);
         cached_row(r, mw, h == h0, rb);
       }
     }
@@ -256,7 +243,10 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       unsigned mw[kMaskWords];
       cached_row(r, mw, true, rb);
     } else {
-      const auto [xoff, moff, yoff, nstore] = offsets(r);
+      const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
+      const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
+      const long long yoff = static_cast<long long>(r.row) * p.cols;
+      const int nstore = r.ok ? nvec : 0;
       float m = neg_inf(), s = 0.f;
       const int load_chunks = (r.nload + kChunk - 1) / kChunk;
 #pragma unroll 1
