@@ -12,6 +12,8 @@ from norm_checks import randn
 from reference import assert_close
 from rtcnorm import _tuning
 
+BF16 = torch.bfloat16
+
 PAIRS = {"rms_norm": (torch.nn.RMSNorm, rtcnorm.RMSNorm), "layer_norm": (torch.nn.LayerNorm, rtcnorm.LayerNorm)}
 CONFIGS = {
     "rms_norm": [dict(eps=None), dict(eps=1e-3), dict(elementwise_affine=False)],
@@ -181,20 +183,31 @@ def test_backward_launch_bounds_leave_layer_norm_its_registers(op, n, minb):
 
 
 @pytest.mark.parametrize(
-    ("op", "n", "residual", "mode", "minb"),
+    ("op", "n", "residual", "mode", "minb", "dtype", "wdtype"),
     [
-        ("layer_norm", 5120, False, "multi_wave_cached", 8),  # 40 elements per thread: 64 registers
-        ("rms_norm", 2560, False, "multi_wave_cached", 8),
-        ("rms_norm", 2560, True, "multi_wave_cached", 4),  # a residual would spill at 64
-        ("layer_norm", 8192, False, "multi_wave_cached", 4),  # 64 elements per thread spill at 64
-        ("layer_norm", 6144, False, "static_persistent", 4),  # 4 x 96 threads per SM: persistent
-        ("rms_norm", 6144, False, "multi_wave_cached", 4),
+        ("layer_norm", 5120, False, "multi_wave_cached", 8, BF16, None),  # 40 elements per thread: 64 registers
+        ("rms_norm", 2560, False, "multi_wave_cached", 8, BF16, None),
+        ("rms_norm", 2560, True, "multi_wave_cached", 4, BF16, None),  # a residual would spill at 64
+        # 64 elements per thread: 8 CTAs where a CTA holds two rows, 7 (72 registers) for one
+        ("rms_norm", 4096, False, "multi_wave_cached", 8, BF16, None),
+        ("layer_norm", 2048, False, "multi_wave_cached", 8, torch.float16, None),
+        ("rms_norm", 8192, False, "multi_wave_cached", 7, BF16, None),
+        ("layer_norm", 8192, False, "multi_wave_cached", 7, BF16, None),
+        ("rms_norm", 7168, False, "multi_wave_cached", 7, BF16, None),
+        # float32 rows or gamma, and 96-thread CTAs, spill below 128 registers
+        ("layer_norm", 4096, False, "multi_wave_cached", 4, BF16, torch.float32),
+        ("rms_norm", 4096, False, "multi_wave_cached", 4, torch.float32, None),
+        ("rms_norm", 8192, True, "multi_wave_cached", 4, BF16, None),
+        ("layer_norm", 6144, False, "static_persistent", 4, BF16, None),  # 4 x 96 threads per SM: persistent
+        ("rms_norm", 6144, False, "multi_wave_cached", 4, BF16, None),
     ],
 )
-def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb):
-    """Short register-cached rows run 8 CTAs per SM; LayerNorm rows whose launch
-    bounds guarantee under 512 threads per SM take the persistent grid."""
-    plan = rtcnorm.explain(op, (16384, n), torch.bfloat16, residual=residual, device="cpu")
+def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb, dtype, wdtype):
+    """Register-cached rows of up to 80 bytes per thread run 8 CTAs per SM, 16-bit rows
+    of up to 128 bytes in 128-thread CTAs 7 or 8; LayerNorm rows whose launch bounds
+    guarantee under 512 threads per SM take the persistent grid."""
+    kw = {} if wdtype is None else {"weight_dtype": wdtype}
+    plan = rtcnorm.explain(op, (16384, n), dtype, residual=residual, device="cpu", **kw)
     assert plan["mode"] == mode and plan["kernel"].endswith(f", {minb}>"), plan
     if mode == "static_persistent":
         assert "guarantee only 384 threads per SM" in plan["reason"]

@@ -211,8 +211,21 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   // few bytes (H100, LayerNorm 16384x5120 kernel-only: 2367 -> 2852 GB/s).
   // Longer rows spill there (LayerNorm N = 6144: 144 bytes, 7168: 44), and so
   // do rows beside a residual (80-96 bytes), so those keep 4.
-  const bool short_row = !p.residual && nv_row * vec * esize <= 80;
-  const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, short_row ? 8 : 4));
+  //
+  // Rows of 81-128 bytes per thread (H100 sweep, benchmarks/NOTES.md entry
+  // 15): 16-bit rows with 16-bit gamma/beta in 128-thread CTAs gain 1-15% at
+  // 7 or 8 CTAs per SM, where ptxas spills at most 16 bytes: 8 when the CTA
+  // holds two or more rows (N <= 4096), 7 (72 registers) for one row, where
+  // 8 spills RMSNorm at N = 8192 and loses 1%. float32 gamma and beta spill
+  // 100-300 bytes there, and 96-thread CTAs (N = 6144) 144, so they keep 4.
+  const int thread_bytes = nv_row * vec * esize;
+  const bool half_row = esize == 2 && jit::element_size(p.wdtype) == 2 && tpr * rows == 128;
+  int reg_blocks = 4;
+  if (!p.residual && thread_bytes <= 80)
+    reg_blocks = 8;
+  else if (!p.residual && half_row && thread_bytes <= 128)
+    reg_blocks = rows >= 2 ? 8 : 7;
+  const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
   // at N = 6144 taking 168 registers) LayerNorm's multi-wave grid has too few
   // rows in flight, and a persistent one prefetching its next row wins
