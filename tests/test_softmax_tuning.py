@@ -143,3 +143,42 @@ def test_tuned_variants_compile():
     assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 7u>") for k in kernels), kernels
     assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 13u>") for k in kernels), kernels
     assert any(k.startswith("rtcnorm::softmax_bwd") and k.endswith(", 2u>") for k in kernels), kernels
+
+
+def _bwd(sk: int, dtype=torch.bfloat16) -> dict:
+    return rtcnorm.softmax.explain("scaled_softmax", (4, 32, 64, sk), dtype)["backward"]
+
+
+@pytest.mark.parametrize(
+    ("sk", "dtype", "tpr", "nv", "rows"),
+    [
+        (1024, torch.bfloat16, 128, 1, 4),  # up to 256 16-byte vectors: one pair per thread
+        (2048, torch.bfloat16, 256, 1, 2),
+        (1024, torch.float32, 256, 1, 2),
+        (128, torch.float16, 16, 1, 32),
+        (4096, torch.bfloat16, 256, 2, 2),  # longer rows: 16 registers of y and dy per thread
+        (8192, torch.bfloat16, 512, 2, 1),
+        (1001, torch.bfloat16, 128, 8, 4),  # single-element vectors keep the register target
+    ],
+)
+def test_backward_plans(sk, dtype, tpr, nv, rows):
+    b = _bwd(sk, dtype)
+    assert (b["threads_per_row"], b["vecs_per_thread"], b["rows_per_cta"]) == (tpr, nv, rows), b
+    assert b["cached_row"] and not b["persistent"]
+    assert b["kernel"].endswith(f", {max(1, 1024 // (tpr * rows))}, 0u>"), b  # 64 registers
+
+
+def test_stream_store_reaches_the_key_and_compiles():
+    with _tuning.softmax_override(fwd_stream_store=2, bwd_stream_store=2):
+        p = rtcnorm.softmax.explain("scaled_softmax", (4, 32, 64, 1024))
+        assert p["forward"]["kernel"].endswith(", 16u>") and p["backward"]["kernel"].endswith(", 16u>")
+        assert "evict-first" in p["forward"]["reason"] and "evict-first" in p["backward"]["reason"]
+        lines = rtcnorm.jit.precompile(
+            "scaled_softmax", hidden_sizes=[1024, 100000], dtypes=[torch.bfloat16], archs=("sm_80", "sm_90", "sm_100")
+        )
+    kernels = {line.rsplit(" ", 2)[0] for line in lines}
+    for kind in ("fwd", "bwd"):
+        for cached in ("true", "false"):
+            found = [k for k in kernels if k.startswith(f"rtcnorm::softmax_{kind}") and f" {cached}, " in k]
+            assert found and all(k.endswith("16u>") for k in found), (kind, cached, kernels)
+    assert "evict-first" not in rtcnorm.softmax.explain("scaled_softmax", (4, 32, 64, 1024))["backward"]["reason"]

@@ -67,6 +67,13 @@ struct SoftmaxRow {
   int nload;  // vectors holding at least one visible element
 };
 
+// Row (o * bcast + h) * inner + q of x, for mask row t = o * inner + q and h
+// the index along the broadcast dim.
+__device__ __forceinline__ unsigned bcast_row(unsigned t, unsigned h, const FastDiv& inner, unsigned bcast) {
+  const unsigned o = fast_div(inner, t);
+  return (o * bcast + h) * inner.d + (t - o * inner.d);
+}
+
 // The row a thread's group takes at row block rb: the step index itself, or
 // with HEADS_INNER its place in the order where the bcast rows sharing one
 // mask row are consecutive (see SoftmaxFwdParams). Steps past the end keep
@@ -78,9 +85,8 @@ __device__ __forceinline__ SoftmaxRow softmax_row(int rb, const FastDiv& sq, int
   r.row = static_cast<unsigned>(rb) * ROWS + threadIdx.x / TPR;
   r.ok = r.row < static_cast<unsigned>(rows);
   if (HEADS_INNER && r.ok) {
-    const unsigned t = fast_div(*bcast, r.row);
-    const unsigned o = fast_div(*inner, t);
-    r.row = (o * bcast->d + (r.row - t * bcast->d)) * inner->d + (t - o * inner->d);
+    const unsigned t = fast_div(*bcast, r.row);  // mask row: t = o * inner + q
+    r.row = bcast_row(t, r.row - t * bcast->d, *inner, bcast->d);
   }
   r.len = cols;
   if (CAUSAL && r.ok) {
@@ -99,6 +105,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
   constexpr bool kHeadsInner = KIND == kSoftmaxMasked && (OPTS & kSoftmaxHeadsInner) != 0;
   constexpr bool kReuse = CACHED && kHeadsInner && (OPTS & kSoftmaxMaskReuse) != 0;
+  constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
 
@@ -149,14 +156,27 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     }
   };
   auto bits = [](const unsigned(&mw)[kMaskWords], int i) { return mw[i * VEC / 32] >> (i * VEC % 32); };
+  // Where row r's x, mask and y start, and how many vectors of y it writes
+  // (none for a row past the end).
+  struct RowOffsets {
+    long long x, mask, y;
+    int nstore;
+  };
+  auto offsets = [&](const SoftmaxRow& r) {
+    RowOffsets o;
+    o.x = r.ok ? row_offset(p.x_rows, r.row) : 0;
+    o.mask = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
+    o.y = static_cast<long long>(r.row) * p.cols;
+    o.nstore = r.ok ? nvec : 0;
+    return o;
+  };
 
   // A register-cached row: x (and with_mask, the mask bits) read once. Row
   // block rb only steers the next-row-block prefetch.
   auto cached_row = [&](const SoftmaxRow& r, unsigned(&mw)[kMaskWords], bool with_mask, int rb) {
-    const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
-    const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
-    const long long yoff = static_cast<long long>(r.row) * p.cols;
-    const int nstore = r.ok ? nvec : 0;
+    const RowOffsets o = offsets(r);
+    const long long xoff = o.x, moff = o.mask, yoff = o.y;
+    const int nstore = o.nstore;
     PT xv[NV];
     load_chunk(r, xoff, moff, 0, xv, mw, with_mask);
     if constexpr (kPrefetch && !kReuse) prefetch_rows(rb + gridDim.x);
@@ -205,7 +225,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
 #pragma unroll
         for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(t[j] * f);
       }
-      store<T, VEC>(y, yoff + 1LL * v * VEC, out);
+      store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, out);
     }
   };
 
@@ -214,7 +234,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     // mr = mrb * ROWS + g (rows = outer x bcast x inner, mr = o * inner + q)
     // and its bcast rows (o * bcast + h) * inner + q for h in the run. Every
     // group of a CTA has the same run length, so the barriers stay uniform.
-    const unsigned bc = p.bcast.d, in = p.inner.d;
+    const unsigned bc = p.bcast.d;
     const unsigned mrows = static_cast<unsigned>(p.rows) / bc;
     const int per = (static_cast<int>(bc) + p.reuse_splits - 1) / p.reuse_splits;
     for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
@@ -222,15 +242,13 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       const int h0 = (rb - mrb * p.reuse_splits) * per;
       const int h1 = min(static_cast<int>(bc), h0 + per);
       const unsigned mr = static_cast<unsigned>(mrb) * ROWS + threadIdx.x / TPR;
-      const unsigned o = fast_div(p.inner, mr);
-      const unsigned row0 = o * bc * in + (mr - o * in);
       SoftmaxRow r;
       r.ok = mr < mrows;
       r.len = p.cols;
       r.nload = r.ok ? (p.cols + VEC - 1) / VEC : 0;
       unsigned mw[kMaskWords];
       for (int h = h0; h < h1; ++h) {
-        r.row = r.ok ? row0 + static_cast<unsigned>(h) * in : static_cast<unsigned>(p.rows);
+        r.row = r.ok ? bcast_row(mr, static_cast<unsigned>(h), p.inner, bc) : static_cast<unsigned>(p.rows);
         cached_row(r, mw, h == h0, rb);
       }
     }
@@ -243,10 +261,9 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       unsigned mw[kMaskWords];
       cached_row(r, mw, true, rb);
     } else {
-      const long long xoff = r.ok ? row_offset(p.x_rows, r.row) : 0;
-      const long long moff = (KIND == kSoftmaxMasked && r.ok) ? row_offset(p.mask_rows, r.row) : 0;
-      const long long yoff = static_cast<long long>(r.row) * p.cols;
-      const int nstore = r.ok ? nvec : 0;
+      const RowOffsets o = offsets(r);
+      const long long xoff = o.x, moff = o.mask, yoff = o.y;
+      const int nstore = o.nstore;
       float m = neg_inf(), s = 0.f;
       const int load_chunks = (r.nload + kChunk - 1) / kChunk;
 #pragma unroll 1
@@ -296,7 +313,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
 #pragma unroll
             for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(fast_exp2(z[j]) * f);
           }
-          store<T, VEC>(y, yoff + 1LL * v * VEC, out);
+          store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, out);
         }
       }
     }
@@ -308,6 +325,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
   using PT = Pack<T, VEC>;
   constexpr int kChunk = TPR * NV;
   constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
+  constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
@@ -374,7 +392,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
           for (int j = 0; j < VEC; ++j)
             if (!hidden(v, j)) out.e[j] = from_float<T>(to_float(yv[i].e[j]) * p.scale * (to_float(gv[i].e[j]) - dot));
         }
-        store<T, VEC>(dx, yoff + 1LL * v * VEC, out);
+        store<T, VEC, kCs>(dx, yoff + 1LL * v * VEC, out);
       }
     };
 

@@ -17,10 +17,10 @@ using jit::DType;
 using jit::KernelFamily;
 using jit::KernelKey;
 
-// Key flags: bit 0 cached, bits 4..7 the SoftmaxOpt bits (OPTS), bits 8..15
-// the launch-bounds min blocks (MINB); every bit reaches the expression.
+// Key flags: bit 0 cached, bits 8..15 the launch-bounds min blocks (MINB),
+// bits 16..23 the SoftmaxOpt bits (OPTS); every bit reaches the expression.
 constexpr unsigned kCachedFlag = 1u;
-constexpr int kOptsShift = 4, kMinBlocksShift = 8;
+constexpr int kMinBlocksShift = 8, kOptsShift = 16;
 
 std::string softmax_expression(const char* kernel, const KernelKey& k) {
   std::ostringstream os;
@@ -31,7 +31,7 @@ std::string softmax_expression(const char* kernel, const KernelKey& k) {
   else
     os << (k.variant != 0 ? "true" : "false");
   os << ", " << ((k.flags & kCachedFlag) != 0 ? "true" : "false") << ", " << ((k.flags >> kMinBlocksShift) & 0xffu)
-     << ", " << ((k.flags >> kOptsShift) & 0xfu) << "u>";
+     << ", " << ((k.flags >> kOptsShift) & 0xffu) << "u>";
   return os.str();
 }
 
@@ -52,6 +52,13 @@ constexpr int kKeepExpElems = 16;
 constexpr int kStreamRegs = 8;
 constexpr int kStreamThreads = 512;
 constexpr int kCtaThreads = 256;  // rows shorter than a CTA share one
+// The backward's CTAs, and its short-row rule (H100 sweep, benchmarks/NOTES.md
+// entry 16): rows of up to 256 16-byte vectors, one vector pair per thread in
+// 512-thread CTAs, ran 1.0-1.2% faster than 4 pairs per thread in 256-thread
+// CTAs (sk = 1024 bf16: 2926 -> 2955 GB/s); longer rows keep 16 registers of
+// row data per thread, and 512-thread CTAs (sk = 8192: 2928 -> 2948).
+constexpr int kBwdCtaThreads = 512;
+constexpr int kBwdShortVecs = 256;
 constexpr int kLongMaskedCols = 4096;
 // Mask reuse (H100 sweep, benchmarks/NOTES.md): runs of 4 rows per mask row
 // were best or within 1% from sk = 2048 up (sk = 4096: runs of 32 2715 GB/s,
@@ -97,9 +104,17 @@ const KernelFamily kSoftmaxBwd{"softmax_bwd", "softmax.cuh",
 SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   const SoftmaxTuning& t = softmax_tuning();
   const bool bwd = p.backward;
-  const int target_regs = pick(bwd ? t.bwd_target_regs : t.fwd_target_regs, kTargetRegs);
-  const int max_regs = std::max(target_regs, pick(bwd ? t.bwd_max_regs : t.fwd_max_regs, kMaxRegs));
-  int cta_threads = pick(bwd ? t.bwd_cta_threads : t.fwd_cta_threads, kCtaThreads);
+  const int vec = choose_vec(p);
+  const int tensors = bwd ? 2 : 1;
+  const int regs_per_vec = tensors * std::max(1, vec * jit::element_size(p.dtype) / 4);
+  const int64_t nvec = p.cols / vec;
+  // Backward rows of up to kBwdShortVecs 16-byte vectors: one vector of y and
+  // one of dy per thread, so a row spreads over up to 256 threads.
+  const bool bwd_short = bwd && vec * jit::element_size(p.dtype) == 16 && nvec <= kBwdShortVecs;
+  const int target_regs = pick(bwd ? t.bwd_target_regs : t.fwd_target_regs, bwd_short ? regs_per_vec : kTargetRegs);
+  const int max_regs =
+      std::max(target_regs, pick(bwd ? t.bwd_max_regs : t.fwd_max_regs, bwd_short ? regs_per_vec : kMaxRegs));
+  int cta_threads = pick(bwd ? t.bwd_cta_threads : t.fwd_cta_threads, bwd ? kBwdCtaThreads : kCtaThreads);
   // Masked forward rows of >= 4096 keys with a mask broadcast over heads
   // (H100 sweep, benchmarks/NOTES.md): the heads sharing a mask row run back
   // to back, so that row is read from DRAM once rather than once per head
@@ -107,14 +122,10 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   // a row takes a CTA of its own with at least 128 threads: 69-73% -> 78-85%
   // of copy.
   const bool long_masked = !bwd && p.kind == kSoftmaxMasked && p.mask_bcast && p.cols >= kLongMaskedCols;
-  const int vec = choose_vec(p);
-  const int tensors = bwd ? 2 : 1;
-  const int regs_per_vec = tensors * std::max(1, vec * jit::element_size(p.dtype) / 4);
   // Forward rows of single elements spill past 8 per thread (each element is
   // predicated, masked and exponentiated on its own).
   const int max_nv = std::min(std::max(1, max_regs / regs_per_vec), !bwd && vec == 1 ? 8 : 32);
   const int target_nv = std::min(max_nv, std::max(1, target_regs / regs_per_vec));
-  const int64_t nvec = p.cols / vec;
 
   int64_t tpr = pow2_ceil(ceil_div(nvec, target_nv));
   if (tpr > kWarp && ceil_div(nvec, kWarp) <= max_nv) tpr = kWarp;
@@ -148,6 +159,7 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   if (plan.cached && !bwd && nv * vec <= pick(t.keep_exp_elems, kKeepExpElems)) opts |= kSoftmaxKeepExp;
   if (plan.cached && plan.persistent && switch_on(bwd ? t.bwd_prefetch : t.fwd_prefetch, false))
     opts |= kSoftmaxPrefetch;
+  if (switch_on(bwd ? t.bwd_stream_store : t.fwd_stream_store, false)) opts |= kSoftmaxStreamStore;
   if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && switch_on(t.mask_order, long_masked))
     opts |= kSoftmaxHeadsInner;
   // A mask broadcast over a dim (heads): each row group loads its mask row's
@@ -207,10 +219,11 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
        << data << " re-read (mostly from L2) for the " << (p.backward ? "dx pass" : "normalize pass")
        << "; grid = " << describe_grid(plan);
   }
-  const unsigned opts = (k.flags >> kOptsShift) & 0xfu;
+  const unsigned opts = (k.flags >> kOptsShift) & 0xffu;
   os << "; launch bounds: " << ((k.flags >> kMinBlocksShift) & 0xffu) << " CTAs per SM";
   if (opts & kSoftmaxKeepExp) os << "; exp2 kept in registers";
   if (opts & kSoftmaxPrefetch) os << "; next row block prefetched into L2";
+  if (opts & kSoftmaxStreamStore) os << "; output stored evict-first";
   if (opts & kSoftmaxMaskReuse)
     os << "; each row group reads its mask row once for a run of " << ceil_div(p.bcast, plan.reuse_splits)
        << " rows sharing it (" << plan.reuse_splits << (plan.reuse_splits == 1 ? " run" : " runs") << " per mask row)";
@@ -238,6 +251,8 @@ const SoftmaxTunable kSoftmaxTunables[] = {
     {"bwd_persistent", &SoftmaxTuning::bwd_persistent, 1, 2, false},
     {"fwd_prefetch", &SoftmaxTuning::fwd_prefetch, 1, 2, false},
     {"bwd_prefetch", &SoftmaxTuning::bwd_prefetch, 1, 2, false},
+    {"fwd_stream_store", &SoftmaxTuning::fwd_stream_store, 1, 2, false},
+    {"bwd_stream_store", &SoftmaxTuning::bwd_stream_store, 1, 2, false},
     {"keep_exp_elems", &SoftmaxTuning::keep_exp_elems, 1, 256, false},
     {"mask_order", &SoftmaxTuning::mask_order, 1, 2, false},
     {"mask_reuse", &SoftmaxTuning::mask_reuse, 1, 2, false},

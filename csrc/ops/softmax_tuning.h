@@ -32,6 +32,9 @@ struct SoftmaxTuning {
   int bwd_persistent = 0;
   int fwd_prefetch = 0;
   int bwd_prefetch = 0;
+  // Evict-first (.cs) stores of the output (y, dx).
+  int fwd_stream_store = 0;
+  int bwd_stream_store = 0;
   // Cached forward rows of at most this many elements per thread keep
   // exp2(z - m) in registers for the write pass (rule: 16).
   int keep_exp_elems = 0;

@@ -55,11 +55,14 @@ enum SoftmaxKind : int {
 //   group loads its mask row's bits once and applies them to a run of the
 //   rows sharing it (reuse_splits runs per mask row), so the mask is read
 //   from L2 and unpacked once per run rather than once per row.
+// - kSoftmaxStreamStore: the output (y or dx) is stored evict-first (.cs):
+//   nothing in the kernel reads it again.
 enum SoftmaxOpt : unsigned {
   kSoftmaxKeepExp = 1u,
   kSoftmaxPrefetch = 2u,
   kSoftmaxHeadsInner = 4u,
   kSoftmaxMaskReuse = 8u,
+  kSoftmaxStreamStore = 16u,
 };
 
 struct SoftmaxFwdParams {
