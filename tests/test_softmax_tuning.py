@@ -145,8 +145,8 @@ def test_tuned_variants_compile():
     assert any(k.startswith("rtcnorm::softmax_bwd") and k.endswith(", 2u>") for k in kernels), kernels
 
 
-def _bwd(sk: int, dtype=torch.bfloat16) -> dict:
-    return rtcnorm.softmax.explain("scaled_softmax", (4, 32, 64, sk), dtype)["backward"]
+def _bwd(sk: int, dtype=torch.bfloat16, op: str = "scaled_softmax") -> dict:
+    return rtcnorm.softmax.explain(op, (4, 32, sk, sk), dtype)["backward"]
 
 
 @pytest.mark.parametrize(
@@ -166,6 +166,16 @@ def test_backward_plans(sk, dtype, tpr, nv, rows):
     assert (b["threads_per_row"], b["vecs_per_thread"], b["rows_per_cta"]) == (tpr, nv, rows), b
     assert b["cached_row"] and not b["persistent"]
     assert b["kernel"].endswith(f", {max(1, 1024 // (tpr * rows))}, 0u>"), b  # 64 registers
+    assert _bwd(sk, dtype, MASKED)["kernel"] == b["kernel"]  # the backward never sees the mask
+
+
+@pytest.mark.parametrize("op", ["scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax"])
+def test_causal_backward_keeps_the_forward_shape(op):
+    """Causal rows: 16 registers of y and dy per thread and CTAs of 256 threads."""
+    for sk, tpr, nv, rows in [(1024, 32, 4, 8), (2048, 128, 2, 2), (8192, 256, 4, 1)]:
+        b = _bwd(sk, op=op)
+        assert (b["threads_per_row"], b["vecs_per_thread"], b["rows_per_cta"]) == (tpr, nv, rows), (sk, b)
+        assert ", true, true, " in b["kernel"], b
 
 
 def test_stream_store_reaches_the_key_and_compiles():

@@ -56,7 +56,9 @@ constexpr int kCtaThreads = 256;  // rows shorter than a CTA share one
 // entry 16): rows of up to 256 16-byte vectors, one vector pair per thread in
 // 512-thread CTAs, ran 1.0-1.2% faster than 4 pairs per thread in 256-thread
 // CTAs (sk = 1024 bf16: 2926 -> 2955 GB/s); longer rows keep 16 registers of
-// row data per thread, and 512-thread CTAs (sk = 8192: 2928 -> 2948).
+// row data per thread, and 512-thread CTAs (sk = 8192: 2928 -> 2948). Causal
+// rows keep the forward's shape: there the same change lost 7-15% (sk = 1024:
+// 4186 -> 3563 GB/s, counting the full rows' bytes).
 constexpr int kBwdCtaThreads = 512;
 constexpr int kBwdShortVecs = 256;
 constexpr int kLongMaskedCols = 4096;
@@ -108,13 +110,15 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   const int tensors = bwd ? 2 : 1;
   const int regs_per_vec = tensors * std::max(1, vec * jit::element_size(p.dtype) / 4);
   const int64_t nvec = p.cols / vec;
-  // Backward rows of up to kBwdShortVecs 16-byte vectors: one vector of y and
-  // one of dy per thread, so a row spreads over up to 256 threads.
-  const bool bwd_short = bwd && vec * jit::element_size(p.dtype) == 16 && nvec <= kBwdShortVecs;
+  // Full-row backward (not causal) in kBwdCtaThreads CTAs; rows of up to
+  // kBwdShortVecs 16-byte vectors take one vector of y and one of dy per
+  // thread, so a row spreads over up to 256 threads.
+  const bool full_bwd = bwd && p.kind != kSoftmaxCausal;
+  const bool bwd_short = full_bwd && vec * jit::element_size(p.dtype) == 16 && nvec <= kBwdShortVecs;
   const int target_regs = pick(bwd ? t.bwd_target_regs : t.fwd_target_regs, bwd_short ? regs_per_vec : kTargetRegs);
   const int max_regs =
       std::max(target_regs, pick(bwd ? t.bwd_max_regs : t.fwd_max_regs, bwd_short ? regs_per_vec : kMaxRegs));
-  int cta_threads = pick(bwd ? t.bwd_cta_threads : t.fwd_cta_threads, bwd ? kBwdCtaThreads : kCtaThreads);
+  int cta_threads = pick(bwd ? t.bwd_cta_threads : t.fwd_cta_threads, full_bwd ? kBwdCtaThreads : kCtaThreads);
   // Masked forward rows of >= 4096 keys with a mask broadcast over heads
   // (H100 sweep, benchmarks/NOTES.md): the heads sharing a mask row run back
   // to back, so that row is read from DRAM once rather than once per head
