@@ -174,9 +174,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   // A register-cached row: x (and with_mask, the mask bits) read once. Row
   // block rb only steers the next-row-block prefetch.
   auto cached_row = [&](const SoftmaxRow& r, unsigned(&mw)[kMaskWords], bool with_mask, int rb) {
-    const RowOffsets o = offsets(r);
-    const long long xoff = o.x, moff = o.mask, yoff = o.y;
-    const int nstore = o.nstore;
+    const auto [xoff, moff, yoff, nstore] = offsets(r);
     PT xv[NV];
     load_chunk(r, xoff, moff, 0, xv, mw, with_mask);
     if constexpr (kPrefetch && !kReuse) prefetch_rows(rb + gridDim.x);
@@ -246,9 +244,11 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       r.ok = mr < mrows;
       r.len = p.cols;
       r.nload = r.ok ? (p.cols + VEC - 1) / VEC : 0;
+      // Row h of the run is row0 + h * inner.
+      const unsigned row0 = r.ok ? bcast_row(mr, 0u, p.inner, bc) : 0u;
       unsigned mw[kMaskWords];
       for (int h = h0; h < h1; ++h) {
-        r.row = r.ok ? bcast_row(mr, static_cast<unsigned>(h), p.inner, bc) : static_cast<unsigned>(p.rows);
+        r.row = r.ok ? row0 + static_cast<unsigned>(h) * p.inner.d : static_cast<unsigned>(p.rows);
         cached_row(r, mw, h == h0, rb);
       }
     }
@@ -261,9 +261,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       unsigned mw[kMaskWords];
       cached_row(r, mw, true, rb);
     } else {
-      const RowOffsets o = offsets(r);
-      const long long xoff = o.x, moff = o.mask, yoff = o.y;
-      const int nstore = o.nstore;
+      const auto [xoff, moff, yoff, nstore] = offsets(r);
       float m = neg_inf(), s = 0.f;
       const int load_chunks = (r.nload + kChunk - 1) / kChunk;
 #pragma unroll 1
