@@ -67,6 +67,7 @@ constexpr Tunable kTunables[] = {
     {"narrow_row", &NormTuning::narrow_row, kNoCap},
     {"fwd_hints", &NormTuning::fwd_hints, 8},
     {"bwd_hints", &NormTuning::bwd_hints, 8},
+    {"fwd_affine_prefetch", &NormTuning::fwd_affine_prefetch, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.

@@ -213,6 +213,54 @@ def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb, dtype,
         assert "guarantee only 384 threads per SM" in plan["reason"]
 
 
+# kPrefetchAffine in the kernel key's flags (csrc/kernels/common/params.cuh).
+PREFETCH_AFFINE = 1 << 13
+PREFETCH_NEXT = 1 << 11
+
+
+def kernel_flags(kernel: str) -> int:
+    return int(kernel.split(", ")[-2].rstrip("u"))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize(
+    ("m", "n", "small"),
+    [(1, 4096, True), (32, 4096, True), (132, 8192, True), (264, 4096, True), (133, 8192, False),
+     (16384, 4096, False), (64, 16384, True)],
+)  # fmt: skip
+def test_decode_sized_grids_prefetch_gamma_and_keep_registers(op, m, n, small):
+    """A grid of at most one CTA per SM (132 here) fetches gamma/beta into L1 beside
+    the row's loads and keeps 128 registers (4 CTAs per SM) for a latency-bound
+    row; full grids keep their occupancy rule and never prefetch gamma."""
+    plan = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
+    flags = kernel_flags(plan["kernel"])
+    assert bool(flags & PREFETCH_AFFINE) == small, plan
+    if small:
+        assert plan["kernel"].endswith(", 4>"), plan
+    bare = rtcnorm.explain(op, (m, n), BF16, elementwise_affine=False, device="cpu", sm_count=132)
+    assert not kernel_flags(bare["kernel"]) & PREFETCH_AFFINE
+    with _tuning.override(fwd_affine_prefetch=1):
+        off = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
+        assert not kernel_flags(off["kernel"]) & PREFETCH_AFFINE
+    with _tuning.override(fwd_affine_prefetch=2):
+        on = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
+        assert kernel_flags(on["kernel"]) & PREFETCH_AFFINE
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "dtype", "prefetch"),
+    [("layer_norm", 7168, BF16, True), ("layer_norm", 6144, BF16, True), ("layer_norm", 4096, BF16, True),
+     ("layer_norm", 5120, BF16, False), ("rms_norm", 7168, BF16, False), ("rms_norm", 5120, BF16, False),
+     ("layer_norm", 7168, torch.float32, True), ("rms_norm", 8192, BF16, True)],
+)  # fmt: skip
+def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, prefetch):
+    """The grid-stride backward asks L2 for its next row block in 512-thread CTAs
+    and in lone CTAs under 512 threads, never in two CTAs per SM of 320-448
+    threads, whose registers are already tight."""
+    kernel = rtcnorm.explain(op, (16384, n), dtype, device="cpu")["backward"]["kernel"]
+    assert bool(kernel_flags(kernel) & PREFETCH_NEXT) == prefetch, kernel
+
+
 @pytest.mark.parametrize(
     ("n", "dtype", "threads", "elems"),
     [(8192, torch.bfloat16, 512, 16), (8192, torch.float32, 512, 16), (12288, torch.bfloat16, 384, 32),

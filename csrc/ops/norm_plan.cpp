@@ -174,6 +174,19 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
   return row_bytes > 64 * 1024 ? 16 : 8;
 }
 
+// L1 prefetch of gamma/beta beside the row's loads (kPrefetchAffine); a
+// tuning override of 1 / 2 forces it off / on. H100 (benchmarks/NOTES.md
+// entry 17): where a grid has at most one CTA per SM, each CTA's gamma load
+// after the row reduction is a DRAM or L2 round trip nothing else hides, and
+// the prefetch gains 10-20% per call (RMSNorm 128x4096: 261 -> 320 GB/s).
+// In full grids gamma already sits in L1 and the prefetches only take issue
+// and L1 bandwidth from the row: RMSNorm 4096x2048 2074 -> 1231.
+static bool affine_prefetch_rule(int override_value, const NormProblem& p, bool keep, bool small_grid) {
+  if (keep || !(p.has_weight || p.has_bias)) return false;
+  if (override_value > 0) return override_value == 2;
+  return small_grid;
+}
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
   const int kNarrowRow = pick(t.narrow_row, kDefaultNarrowRow);
@@ -220,8 +233,15 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   // 100-300 bytes there, and 96-thread CTAs (N = 6144) 144, so they keep 4.
   const int thread_bytes = nv_row * vec * esize;
   const bool half_row = esize == 2 && jit::element_size(p.wdtype) == 2 && tpr * rows == 128;
+  //
+  // A grid of at most one CTA per SM (decode-sized M) is latency-bound, not
+  // occupancy-bound: it keeps 4, whose extra registers let ptxas issue the
+  // row's loads together (H100, 8..128 x 4096: +5-25% per call).
+  const bool small_grid = plan.row_blocks <= sm_count;
   int reg_blocks = 4;
-  if (!p.residual && thread_bytes <= 80)
+  if (small_grid)
+    reg_blocks = 4;
+  else if (!p.residual && thread_bytes <= 80)
     reg_blocks = 8;
   else if (!p.residual && half_row && thread_bytes <= 128)
     reg_blocks = rows >= 2 ? 8 : 7;
@@ -287,7 +307,8 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
             (keep ? kKeepGamma : 0u) |
-            hint_bits(t.fwd_hints, p.hidden >= 32768 && !in_smem, plan.persistent && in_regs);
+            hint_bits(t.fwd_hints, p.hidden >= 32768 && !in_smem, plan.persistent && in_regs) |
+            (affine_prefetch_rule(t.fwd_affine_prefetch, p, keep, small_grid) ? kPrefetchAffine : 0u);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
@@ -397,15 +418,6 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   k.threads_per_row = static_cast<int16_t>(tpr);
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
-  // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
-  // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
-  // are tight (1024-thread narrow CTAs, 32 cached elements, N = 5120 / 7168);
-  // evict-first stores help wide rows and narrow LayerNorm rows.
-  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
-            (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
-            (want_db ? kWantDb : 0u) |
-            hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow,
-                      plan.cached && !narrow && kBwdCacheElems <= 16 && tpr * rows == 512);
   // CTAs under 512 threads left uncapped take so many registers that one or
   // two fit per SM (N = 5120: 320 threads); two per SM was 45% faster.
   // LayerNorm's two accumulator sets need ~96 registers: two CTAs of 448
@@ -413,7 +425,20 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   // there (H100, 16384x7168: 1473 -> 2143 GB/s; N = 5120 keeps two: 2290 vs 1830).
   const int threads = tpr * rows;
   const bool two_fit = threads < 512 && (p.kind == kRmsNorm || 65536 / (2 * threads) >= 96);
-  k.variant = static_cast<int16_t>(min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1)));
+  const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1));
+  // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
+  // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
+  // are tight (1024-thread narrow CTAs, 32 cached elements, two CTAs of
+  // 320-448 threads at N = 5120 / 7168). A lone CTA under 512 threads has
+  // registers to spare for it (LayerNorm N = 6144 / 7168, benchmarks/NOTES.md
+  // entry 17: 16384x7168 2158 -> 2367 GB/s). Evict-first stores help wide
+  // rows and narrow LayerNorm rows.
+  const bool prefetch_next =
+      plan.cached && !narrow && kBwdCacheElems <= 16 && (threads == 512 || (threads < 512 && min_blocks == 1));
+  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
+            (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
+            (want_db ? kWantDb : 0u) | hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
+  k.variant = static_cast<int16_t>(min_blocks);
   plan.key = k;
   Reason why(explain ? &plan.reason : nullptr);
   why << (plan.cached ? "x and dy kept in registers, dW partials in registers"

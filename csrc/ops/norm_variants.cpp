@@ -1,7 +1,8 @@
 // Every norm kernel a call may launch for (dtype, N, mode, arch): the forward
 // for each weight/bias/zero-centred/residual combination, the backward for
-// each gradient combination, and the dW/dB column reducer. Assumes aligned
-// tensors (the widest vector access), as freshly allocated tensors are.
+// each gradient combination, and the dW/dB column reducer; forwards for full
+// and for decode-sized grids. Assumes aligned tensors (the widest vector
+// access), as freshly allocated tensors are.
 #include "ops/norm_plan.h"
 #include "ops/variants.h"
 
@@ -32,11 +33,16 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.has_weight = has_w;
         p.has_bias = has_b;
         p.zero_centered = zc;
-        for (int res = 0; res <= int(!ln); ++res) {
-          p.residual = res;
-          for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
-        }
+        // Full grids and decode-sized ones (at most one CTA per SM) plan
+        // different forward kernels.
+        for (int res = 0; res <= int(!ln); ++res)
+          for (int64_t rows : {int64_t(1) << 16, int64_t(1)}) {
+            p.residual = res;
+            p.rows = rows;
+            for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
+          }
         p.residual = false;
+        p.rows = 1 << 16;
         for (int dw = 0; dw <= int(has_w); ++dw)
           for (int db = 0; db <= int(has_b); ++db)
             for (int dh = 0; dh <= int(!ln); ++dh) {

@@ -130,6 +130,21 @@ __device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_inde
   }
 }
 
+// Fetches into L1 the gamma/beta lines of this thread's vectors of the first
+// chunk, so that the normalize pass, which reads them right after the row
+// reduction, finds them there instead of waiting on L2 or DRAM.
+template <typename W, int VEC, int TPR, int NV, int VECS, unsigned FLAGS>
+__device__ __forceinline__ void prefetch_affine(const NormFwdParams& p, int lane) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = i * TPR + lane;
+    if (v >= VECS) continue;
+    if constexpr ((FLAGS & kHasWeight) != 0)
+      prefetch_line<true, W, VEC>(static_cast<const W*>(p.weight), 1LL * v * VEC);
+    if constexpr ((FLAGS & kHasBias) != 0) prefetch_line<true, W, VEC>(static_cast<const W*>(p.bias), 1LL * v * VEC);
+  }
+}
+
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
 __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   using Stats = NormStats<KIND>;
@@ -146,6 +161,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr bool kNext = (kCached || (kSmem && kChunks == 1)) && (FLAGS & kPrefetchNext) != 0;
+  constexpr bool kAffinePf = !kKeep && (FLAGS & (kHasWeight | kHasBias)) != 0 && (FLAGS & kPrefetchAffine) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(!(kCached && kSmem), "a row is cached in registers or in shared memory, not both");
@@ -189,6 +205,11 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         ok[i] = row_ok && (kEven || v < kVecs);
         if (ok[i]) xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
+      }
+      if constexpr (kAffinePf) {
+        // Only the chunk whose gamma the normalize pass reads first; later
+        // chunks' lines would be evicted before use on long rows.
+        if (c == 0 && row_ok) prefetch_affine<W, VEC, TPR, NV, kVecs, FLAGS>(p, lane);
       }
       if constexpr (kNext) {
         const long long next = (rb + gridDim.x) * ROWS + group;

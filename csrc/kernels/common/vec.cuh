@@ -102,20 +102,32 @@ __device__ __forceinline__ Pack<T, VEC> load_nc(const T* base, long long elem_of
   return u.pack;
 }
 
-// Asks L2 to fetch the 128-byte line holding base[elem_offset], with no
-// register result: a grid-stride loop issues it for its next row while it
-// reduces and writes the current one, so DRAM stays busy across the row's
-// barrier. Only the thread whose access opens a line issues it (the others'
-// requests would be merged into the same line anyway).
-template <typename T, int VEC>
-__device__ __forceinline__ void prefetch_l2(const T* base, long long elem_offset) {
+// Asks L2 (or L1 and L2) to fetch the 128-byte line holding base[elem_offset],
+// with no register result: a grid-stride loop issues it for its next row while
+// it reduces and writes the current one, so DRAM stays busy across the row's
+// barrier; a CTA issues the L1 form for gamma/beta beside its row's loads, so
+// their latency overlaps the row's rather than following the reduction. Only
+// the thread whose access opens a line issues it (the others' requests would
+// be merged into the same line anyway).
+template <bool L1, typename T, int VEC>
+__device__ __forceinline__ void prefetch_line(const T* base, long long elem_offset) {
   constexpr long long kBytes = sizeof(T) * VEC;
   const long long byte = elem_offset * static_cast<long long>(sizeof(T));
   if (kBytes >= 128 || byte % 128 < kBytes) {
 #pragma unroll
-    for (long long b = 0; b < kBytes; b += 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(base) + byte + b));
+    for (long long b = 0; b < kBytes; b += 128) {
+      const char* a = reinterpret_cast<const char*>(base) + byte + b;
+      if constexpr (L1)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
+      else
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
   }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void prefetch_l2(const T* base, long long elem_offset) {
+  prefetch_line<false, T, VEC>(base, elem_offset);
 }
 
 // Reused read-only input (gamma, beta): the ordinary read-only cache path.
