@@ -429,12 +429,13 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
   // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
   // are tight (1024-thread narrow CTAs, 32 cached elements, two CTAs of
-  // 320-448 threads at N = 5120 / 7168). A lone CTA under 512 threads has
-  // registers to spare for it (LayerNorm N = 6144 / 7168, benchmarks/NOTES.md
-  // entry 17: 16384x7168 2158 -> 2367 GB/s). Evict-first stores help wide
-  // rows and narrow LayerNorm rows.
-  const bool prefetch_next =
-      plan.cached && !narrow && kBwdCacheElems <= 16 && (threads == 512 || (threads < 512 && min_blocks == 1));
+  // 320-448 threads at N = 5120 / 7168). A lone CTA under 512 threads of one
+  // or two rows has registers to spare for it (LayerNorm, benchmarks/NOTES.md
+  // entry 17, bf16 16384 rows: N = 3072 2048 -> 2335 GB/s, 6144 2058 -> 2295,
+  // 7168 2168 -> 2382); three rows of 160 threads (N = 2560) lost 12%.
+  // Evict-first stores help wide rows and narrow LayerNorm rows.
+  const bool lone_cta = threads < 512 && min_blocks == 1 && rows <= 2;
+  const bool prefetch_next = plan.cached && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta);
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
             (want_db ? kWantDb : 0u) | hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
