@@ -231,19 +231,17 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   // holds two or more rows (N <= 4096), 7 (72 registers) for one row, where
   // 8 spills RMSNorm at N = 8192 and loses 1%. float32 gamma and beta spill
   // 100-300 bytes there, and 96-thread CTAs (N = 6144) 144, so they keep 4.
-  const int thread_bytes = nv_row * vec * esize;
-  const bool half_row = esize == 2 && jit::element_size(p.wdtype) == 2 && tpr * rows == 128;
   //
   // A grid of at most one CTA per SM (decode-sized M) is latency-bound, not
   // occupancy-bound: it keeps 4, whose extra registers let ptxas issue the
   // row's loads together (H100, 8..128 x 4096: +5-25% per call).
+  const int thread_bytes = nv_row * vec * esize;
+  const bool half_row = esize == 2 && jit::element_size(p.wdtype) == 2 && tpr * rows == 128;
   const bool small_grid = plan.row_blocks <= sm_count;
   int reg_blocks = 4;
-  if (small_grid)
-    reg_blocks = 4;
-  else if (!p.residual && thread_bytes <= 80)
+  if (!small_grid && !p.residual && thread_bytes <= 80)
     reg_blocks = 8;
-  else if (!p.residual && half_row && thread_bytes <= 128)
+  else if (!small_grid && !p.residual && half_row && thread_bytes <= 128)
     reg_blocks = rows >= 2 ? 8 : 7;
   const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA

@@ -36,9 +36,9 @@ struct NormTuning {
   // Memory hints as 1 + bits (kL2Prefetch, kStreamStore, kPrefetchNext >> 9):
   // 1 means none, 8 all three.
   int fwd_hints = 0;
+  int bwd_hints = 0;
   // Forward: 1 = no L1 prefetch of gamma/beta beside the row's loads, 2 = always.
   int fwd_affine_prefetch = 0;
-  int bwd_hints = 0;
 };
 
 NormTuning& norm_tuning();

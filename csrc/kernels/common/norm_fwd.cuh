@@ -97,16 +97,16 @@ struct NormStats<kLayerNorm> {
   }
 };
 
-// Prefetches into L2 the vectors this thread will load from the row that
-// starts at `off`: a grid-stride CTA calls it for its next row block right
-// after issuing the current row's loads, so the memory system keeps working
-// while the CTA sits in the row reduction and writes its outputs.
-template <typename T, int VEC, int TPR, int NV, int VECS>
+// Prefetches into L2 (L1 too when L1) the vectors this thread will load from
+// the row that starts at `off`: a grid-stride CTA calls it for its next row
+// block right after issuing the current row's loads, so the memory system
+// keeps working while the CTA sits in the row reduction and writes its outputs.
+template <typename T, int VEC, int TPR, int NV, int VECS, bool L1 = false>
 __device__ __forceinline__ void prefetch_row(const T* base, long long off, int lane) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int v = i * TPR + lane;
-    if (v < VECS) prefetch_l2<T, VEC>(base, off + 1LL * v * VEC);
+    if (v < VECS) prefetch_line<L1, T, VEC>(base, off + 1LL * v * VEC);
   }
 }
 
@@ -135,14 +135,10 @@ __device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_inde
 // reduction, finds them there instead of waiting on L2 or DRAM.
 template <typename W, int VEC, int TPR, int NV, int VECS, unsigned FLAGS>
 __device__ __forceinline__ void prefetch_affine(const NormFwdParams& p, int lane) {
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int v = i * TPR + lane;
-    if (v >= VECS) continue;
-    if constexpr ((FLAGS & kHasWeight) != 0)
-      prefetch_line<true, W, VEC>(static_cast<const W*>(p.weight), 1LL * v * VEC);
-    if constexpr ((FLAGS & kHasBias) != 0) prefetch_line<true, W, VEC>(static_cast<const W*>(p.bias), 1LL * v * VEC);
-  }
+  if constexpr ((FLAGS & kHasWeight) != 0)
+    prefetch_row<W, VEC, TPR, NV, VECS, true>(static_cast<const W*>(p.weight), 0, lane);
+  if constexpr ((FLAGS & kHasBias) != 0)
+    prefetch_row<W, VEC, TPR, NV, VECS, true>(static_cast<const W*>(p.bias), 0, lane);
 }
 
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
