@@ -16,6 +16,7 @@
 #include "jit/disk_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
+#include "ops/norm_common.h"
 #include "ops/norm_plan.h"
 #include "ops/softmax.h"
 #include "ops/softmax_plan.h"
@@ -68,6 +69,8 @@ constexpr Tunable kTunables[] = {
     {"fwd_hints", &NormTuning::fwd_hints, 8},
     {"bwd_hints", &NormTuning::bwd_hints, 8},
     {"fwd_affine_prefetch", &NormTuning::fwd_affine_prefetch, 2},
+    {"fwd_cluster", &NormTuning::fwd_cluster, 8},
+    {"bwd_cluster", &NormTuning::bwd_cluster, 8},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -79,6 +82,7 @@ void put_launch(py::dict& d, const jit::KernelKey& k, int64_t row_blocks) {
   d["vecs_per_thread"] = k.vecs_per_thread;
   d["block"] = k.threads();
   d["row_blocks"] = row_blocks;
+  d["cluster"] = k.cluster;
 }
 
 py::dict stats_dict() {
@@ -157,9 +161,11 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     const jit::LoadedKernel& k = jit::get_kernel(f.key, device, jit::current_stream(device), f.smem);
     d["blocks_per_sm"] = k.blocks_per_sm;
     d["registers"] = k.registers;
-    d["grid"] = f.persistent ? persistent_grid(f.row_blocks, sm_count, k.blocks_per_sm) : f.row_blocks;
+    d["grid"] = norm_grid(f.row_blocks, f.persistent, sm_count, k);
   } else {
-    d["grid"] = f.persistent ? py::cast("SMs x occupancy (resolved at launch)") : py::cast(f.row_blocks);
+    d["grid"] = f.persistent ? py::cast(f.key.cluster > 1 ? "resident clusters x cluster size (resolved at launch)"
+                                                          : "SMs x occupancy (resolved at launch)")
+                             : py::cast(f.row_blocks * f.key.cluster);
   }
   py::dict bd;
   bd["reason"] = b.reason;
@@ -173,6 +179,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   }
   bd["kernel"] = b.key.name_expression();
   bd["block"] = b.key.threads();
+  bd["cluster"] = b.key.cluster;
   bd["smem"] = b.smem;
   d["backward"] = bd;
   return d;

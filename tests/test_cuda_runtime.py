@@ -156,8 +156,11 @@ def test_rows_cached_in_shared_memory(op, dtype, n, variant, mode, poison):
     with _tuning.override(fwd_smem_row_bytes=1):
         plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")
         fits = n * dtype.itemsize <= 163 * 1024  # every sm_80+ part with that much: all but 256 KB rows here
-        assert plan["cached_row"] == fits
-        assert plan["smem"] == (n * dtype.itemsize * plan["rows_per_cta"] if fits else 0)
+        # 256 KB rows are split across a cluster on sm_90+, each slice in shared memory.
+        slices = plan["cluster"]
+        assert slices == 1 or (not fits and torch.cuda.get_device_capability() >= (9, 0))
+        assert plan["cached_row"] == (fits or slices > 1)
+        assert plan["smem"] == (n // slices * dtype.itemsize * plan["rows_per_cta"] if plan["cached_row"] else 0)
         for strided in (False, True):
             if op == "rms_norm":
                 x, w, zcg, r = rms_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant)
@@ -171,6 +174,65 @@ def test_rows_cached_in_shared_memory(op, dtype, n, variant, mode, poison):
                 x, w, b, zcg = ln_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant, shift=shift)
                 x = x[::2] if strided else x
                 check_layer_norm(x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=4.0)
+
+
+needs_clusters = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+    reason="thread-block clusters need sm_90+",
+)
+
+
+@needs_clusters
+@pytest.mark.parametrize("cluster", [2, 8])
+@pytest.mark.parametrize("mode", [None, "static_persistent"], ids=lambda m: m or "auto")
+@pytest.mark.parametrize(
+    ("n", "variant", "dtype"),
+    [(24576, "mixed", torch.bfloat16), (4104, "zero_centered", torch.float32),
+     (131072, "residual", torch.float16), (65536, "no_weight", torch.float32)],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_rows_split_across_a_cluster(op, n, variant, dtype, mode, cluster, poison):
+    """Cluster sizes forced on forward and backward: each CTA of a cluster
+    owns a column slice and the statistics meet through distributed shared
+    memory. Matches the reference with residual, float32 weights, zero-centred
+    gamma, no weight and row-strided input; rows whose vectors do not split
+    evenly (4104 float32: 1026 vectors) fall back to a smaller cluster."""
+    if op == "layer_norm" and variant == "residual":
+        variant = "weight_bias"
+    m = 37 if n <= 24576 else 5
+    with _tuning.override(fwd_cluster=cluster, bwd_cluster=cluster):
+        plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")
+        assert 1 < plan["cluster"] <= cluster and plan["cached_row"]
+        for strided in (False, True):
+            if op == "rms_norm":
+                x, w, zcg, r = rms_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant)
+                x = x[::2] if strided else x
+                r = r[: x.shape[0]] if r is not None else None
+                check_rms_norm(x, [n], w, mode=mode, zero_centered_gamma=zcg, residual=r, poison=poison)
+            else:
+                shift = 0.0 if dtype == torch.float32 or variant == "mixed" else 100.0
+                x, w, b, zcg = ln_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant, shift=shift)
+                x = x[::2] if strided else x
+                check_layer_norm(x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=4.0)
+
+
+@needs_clusters
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_cluster_weight_grads_are_bitwise_reproducible_and_match_one_cta(op):
+    """The cluster backward's dW/dB are the same bits on every run, and agree
+    with the one-CTA design to rounding of the partial sums."""
+    t = make(op, (3001, 16384), torch.float32)
+    with _tuning.override(bwd_cluster=1):
+        single = run(op, t)
+    assert rtcnorm.explain(op, (3001, 16384), torch.float32)["backward"]["cluster"] == 2
+    first = run(op, t)
+    for _ in range(3):
+        again = run(op, t)
+        for name in first:
+            assert torch.equal(again[name], first[name]), name
+    check(op, first, ref(op, t), 3001)
+    for name in first:
+        torch.testing.assert_close(first[name], single[name], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

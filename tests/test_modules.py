@@ -113,6 +113,47 @@ def test_rms_norm_module_with_residual_returns_the_sum():
 # ---- explain -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "cluster", "bwd_cluster"),
+    [
+        ("rms_norm", (512, 131072), torch.bfloat16, 8, 1),  # 256 KB rows: read once by 8 CTAs
+        ("layer_norm", (512, 131072), torch.bfloat16, 8, 1),  # (16-bit backward: the split design)
+        ("layer_norm", (1024, 65536), torch.float32, 8, 8),
+        ("rms_norm", (5, 262144), torch.float32, 8, 1),  # 8 slices of 32768 fp32 (backward: split design)
+        ("rms_norm", (2048, 32768), torch.float32, 1, 4),  # one CTA caches the forward row
+        ("rms_norm", (4096, 16384), torch.float32, 1, 2),  # float32 backward rows past 8192 elements
+        ("layer_norm", (4096, 16384), torch.float32, 1, 2),
+        ("rms_norm", (2048, 32768), torch.bfloat16, 1, 1),
+        ("layer_norm", (4096, 8192), torch.float32, 1, 1),
+    ],
+)
+def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
+    """Rows one CTA cannot cache are split across a thread-block cluster on
+    sm_90+ (forward), as are float32 backward rows past 8192 elements; the key
+    carries the cluster in its flags, and pre-Hopper plans never use one."""
+    plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+    assert plan["cluster"] == cluster and plan["backward"]["cluster"] == bwd_cluster
+    for p, cl in ((plan, cluster), (plan["backward"], bwd_cluster)):
+        flags = int(p["kernel"].rsplit(", ", 2)[1].rstrip("u"))
+        assert (flags >> 14) & 3 == cl.bit_length() - 1
+        assert f", {shape[1]}, " in p["kernel"]  # the key names the whole row
+        assert (f"cluster of {cl} CTAs, {shape[1] // cl} columns each" in p["reason"]) == (cl > 1)
+    if cluster > 1:
+        assert plan["cached_row"] and plan["grid"] == plan["row_blocks"] * cluster
+    if bwd_cluster > 1:
+        assert not plan["backward"]["split"]
+    old = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_80")
+    assert old["cluster"] == 1 and old["backward"]["cluster"] == 1
+    reload = rtcnorm.explain(op, shape, dtype, mode="multi_wave_reload", device="cpu", arch="sm_90")
+    assert reload["cluster"] == 1 and not reload["cached_row"]
+    with _tuning.override(fwd_cluster=1, bwd_cluster=1):
+        off = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+        assert off["cluster"] == 1 and off["backward"]["cluster"] == 1
+    with _tuning.override(fwd_cluster=2, bwd_cluster=2):
+        forced = rtcnorm.explain(op, (64, 8192), dtype, device="cpu", arch="sm_90")
+        assert forced["cluster"] == 2 and forced["backward"]["cluster"] == 2
+
+
 @pytest.mark.parametrize("n", [128, 4096, 262144])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_explain_without_a_gpu(op, n):
@@ -132,14 +173,18 @@ def test_explain_without_a_gpu(op, n):
         assert not bwd["split"] and bwd["kernel"].startswith(f"rtcnorm::{op}_bwd<")
     assert plan["block"] == plan["threads_per_row"] * plan["rows_per_cta"]
     assert plan["row_blocks"] == -(-1024 // plan["rows_per_cta"])
-    # Documented in rtcnorm.MODES: rows past 65536 16-bit values never stay in registers.
+    # Documented in rtcnorm.MODES: rows past 65536 16-bit values never stay in
+    # one CTA; sm_90+ splits them across a cluster (unless a reload is asked for).
     if n > 65536:
-        assert not plan["cached_row"]
+        assert not plan["cached_row"] and plan["cluster"] == 1
     for mode in rtcnorm.MODES:
-        forced = rtcnorm.explain(op, (1024, n), torch.bfloat16, mode=mode, device="cpu")
-        assert forced["mode"] == mode and forced["requested_mode"] == mode
-        assert forced["persistent"] == (mode == "static_persistent")
-        assert forced["cached_row"] == (mode != "multi_wave_reload" and n <= 65536)
+        for arch in ("sm_80", "sm_90"):
+            forced = rtcnorm.explain(op, (1024, n), torch.bfloat16, mode=mode, device="cpu", arch=arch)
+            assert forced["mode"] == mode and forced["requested_mode"] == mode
+            assert forced["persistent"] == (mode == "static_persistent")
+            split = n > 65536 and arch == "sm_90" and mode != "multi_wave_reload"
+            assert forced["cluster"] == (8 if split else 1)
+            assert forced["cached_row"] == (mode != "multi_wave_reload" and (n <= 65536 or split))
 
 
 @pytest.mark.parametrize(
@@ -152,7 +197,6 @@ def test_explain_without_a_gpu(op, n):
         ("rms_norm", (1024, 65536), torch.bfloat16, False, 0),  # gamma alone fits beside the row
         ("rms_norm", (4096, 8192), torch.bfloat16, True, 16384),  # a residual from 16 KB
         ("rms_norm", (4096, 4096), torch.bfloat16, True, 0),
-        ("layer_norm", (1024, 65536), torch.float32, False, 0),  # 256 KB: more than a CTA may have
         ("rms_norm", (512, 98304), torch.bfloat16, False, 196608),  # too long for registers, fits in 227 KB
     ],
 )
@@ -266,12 +310,13 @@ def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, pr
 @pytest.mark.parametrize(
     ("n", "dtype", "threads", "elems"),
     [(8192, torch.bfloat16, 512, 16), (8192, torch.float32, 512, 16), (12288, torch.bfloat16, 384, 32),
-     (16384, torch.float32, 512, 32), (4096, torch.bfloat16, 256, 16)],
+     (16384, torch.bfloat16, 512, 32), (16384, torch.float32, 512, 32), (4096, torch.bfloat16, 256, 16)],
 )  # fmt: skip
 def test_rms_backward_caches_32_elements_only_above_8192(n, dtype, threads, elems):
     """RMSNorm's backward keeps 32 row elements per thread for N in (8192, 16384]
-    and 16 at N = 8192, where 32 spilled (fp32: 264-304 bytes)."""
-    kernel = rtcnorm.explain("rms_norm", (16384, n), dtype, device="cpu")["backward"]["kernel"]
+    and 16 at N = 8192, where 32 spilled (fp32: 264-304 bytes). (On sm_90+ a
+    float32 row past 8192 elements is split across a cluster instead.)"""
+    kernel = rtcnorm.explain("rms_norm", (16384, n), dtype, device="cpu", arch="sm_80")["backward"]["kernel"]
     vec, tpr, _, nv = (int(f) for f in kernel.split(", ")[3:7])
     assert (tpr, vec * nv) == (threads, elems), kernel
 

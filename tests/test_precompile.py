@@ -24,6 +24,7 @@ OPS = ("rms_norm", "layer_norm")
 # Flag bits of kernels/common/params.cuh.
 HAS_WEIGHT, HAS_BIAS, ZERO_CENTERED, RESIDUAL, CACHED_ROW, KEEP_GAMMA = 1, 2, 4, 8, 16, 32
 GRAD_DH, WANT_DW, WANT_DB, SMEM_ROW = 64, 128, 256, 4096
+CLUSTER_SHIFT = 14  # log2 of the CTAs of a thread-block cluster, in two bits
 
 # One row length per launch-plan class besides multi-warp (N=4096 covers it),
 # each on one arch so that every arch sees several classes; all float32: the
@@ -35,7 +36,11 @@ PLAN_CLASS_N = {
     # 128 KB float32 rows, 1024 threads: rows beside a bias or a residual kept
     # in shared memory, the others in registers.
     32768: ("smem", "sm_100"),
-    262144: ("streamed", "sm_90"),  # too wide for registers: read twice in chunks
+    # 256 KB float32 rows: more than a CTA may keep; split across a cluster of
+    # 8 CTAs on sm_90+ (forward and backward), read twice in chunks before.
+    65536: ("cluster", "sm_90"),
+    131072: ("cluster", "sm_100"),
+    262144: ("streamed", "sm_80"),
 }
 # Without multi_wave_cached: for these N it equals None, or (narrow rows)
 # static_persistent without kept gamma, which the N=4096 test compiles.
@@ -71,6 +76,8 @@ def parse(lines, arch):
 
 
 def plan_class(k) -> str:
+    if (k["flags"] >> CLUSTER_SHIFT) & 3:
+        return "cluster"
     if k["flags"] & SMEM_ROW:
         return "smem"
     n_vecs = k["n"] // k["vec"]
@@ -148,6 +155,13 @@ def test_every_plan_class_compiles_on_every_arch(op):
         on_chip = CACHED_ROW | SMEM_ROW
         classes = {plan_class(k) for k in fwd if k["flags"] & on_chip or expected == "streamed"}
         assert classes == ({expected, "1024-thread"} if expected == "smem" else {expected}), n
+        if expected == "cluster":
+            bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]
+            # LayerNorm's 16384-element float32 slices (N = 131072) are too long
+            # for one CTA's backward: the split design runs there instead.
+            if n == 65536 or op == "rms_norm":
+                assert bwd and all((k["flags"] >> CLUSTER_SHIFT) & 3 == 3 for k in bwd), "8-CTA cluster backward"
+            assert all(k["n"] // k["vec"] // 8 <= k["tpr"] * k["nv"] for k in fwd + bwd if k["flags"] & on_chip)
         if expected == "narrow":
             assert any(k["flags"] & KEEP_GAMMA for k in fwd), "persistent narrow rows keep gamma in registers"
         if expected == "streamed":

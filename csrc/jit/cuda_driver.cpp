@@ -42,6 +42,9 @@ LoadedDriver load_driver() {
       bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", a.cuOccupancyMaxActiveBlocksPerMultiprocessor, e) &&
       bind(lib, "cuLaunchKernel", a.cuLaunchKernel, e) && bind(lib, "cuStreamIsCapturing", a.cuStreamIsCapturing, e) &&
       bind(lib, "cuGetErrorString", a.cuGetErrorString, e);
+  a.cuLaunchKernelEx = reinterpret_cast<decltype(a.cuLaunchKernelEx)>(dlsym(lib, "cuLaunchKernelEx"));
+  a.cuOccupancyMaxActiveClusters =
+      reinterpret_cast<decltype(a.cuOccupancyMaxActiveClusters)>(dlsym(lib, "cuOccupancyMaxActiveClusters"));
   if (ok) {
     const CUresult r = a.cuInit(0);
     if (r != 0) d.error = "cuInit failed with CUDA driver error " + std::to_string(r);

@@ -27,6 +27,29 @@ constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr int kFuncAttrNumRegs = 4;
 constexpr int kStreamCaptureStatusNone = 0;
+constexpr int kLaunchAttrClusterDimension = 4;
+
+// cuLaunchKernelEx's launch description (cuda.h's CUlaunchConfig and
+// CUlaunchAttribute: an 8-byte id slot, then a 64-byte value union).
+struct LaunchAttribute {
+  int id;
+  char pad_[4];
+  union {
+    char bytes[64];
+    struct {
+      unsigned x, y, z;
+    } cluster_dim;
+  } value;
+};
+static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute layout");
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z;
+  unsigned block_x, block_y, block_z;
+  unsigned smem_bytes;
+  CUstream stream;
+  LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
 
 struct DriverApi {
   CUresult (*cuInit)(unsigned);
@@ -46,6 +69,10 @@ struct DriverApi {
                              void**, void**);
   CUresult (*cuStreamIsCapturing)(CUstream, int*);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  // Thread-block clusters (CUDA 12+ drivers); null on an older driver, where
+  // the planner's sm_90 cluster kernels cannot run anyway.
+  CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);
+  CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const LaunchConfig*);
 };
 
 // The loaded driver; throws a c10::Error naming the problem when there is none.

@@ -148,6 +148,21 @@ void make_current(CUcontext ctx) {
   if (cur != ctx) check_cu(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
+// A cuLaunchKernelEx description whose one attribute is the cluster shape
+// (cluster x 1 x 1). Not copyable: cfg points at attr.
+struct ClusterLaunch {
+  LaunchAttribute attr{};
+  LaunchConfig cfg{};
+  ClusterLaunch(int cluster, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y, size_t smem,
+                CUstream stream) {
+    attr.id = kLaunchAttrClusterDimension;
+    attr.value.cluster_dim = {static_cast<unsigned>(cluster), 1, 1};
+    cfg = {grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(smem), stream, &attr, 1};
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 }  // namespace
 
 const DeviceInfo& device_info(int device) { return slot(device).info; }
@@ -209,6 +224,16 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
   check_cu(d.cuFuncGetAttribute(&k.registers, kFuncAttrNumRegs, k.fn), "cuFuncGetAttribute");
   TORCH_CHECK(k.blocks_per_sm > 0, "rtcnorm: kernel ", key.describe(), " cannot run: no CTA of ", k.threads,
               " threads fits on an SM");
+  k.cluster = key.cluster;
+  if (k.cluster > 1) {
+    TORCH_CHECK(d.cuLaunchKernelEx != nullptr && d.cuOccupancyMaxActiveClusters != nullptr, "rtcnorm: kernel ",
+                key.describe(), " needs thread-block clusters, which this CUDA driver (", driver_version_string(),
+                ") does not offer; a CUDA 12 or newer driver does");
+    const ClusterLaunch one(k.cluster, k.cluster, 1, k.threads, 1, dyn_smem, stream);
+    check_cu(d.cuOccupancyMaxActiveClusters(&k.max_clusters, k.fn, &one.cfg), "cuOccupancyMaxActiveClusters");
+    TORCH_CHECK(k.max_clusters > 0, "rtcnorm: kernel ", key.describe(), " cannot run: no cluster of ", k.cluster,
+                " CTAs fits on the device");
+  }
   g_stats.module_loads++;
   add_ms(g_stats.module_load_us, ms_since(t0));
   return s.kernels.emplace(key, k).first->second;
@@ -218,6 +243,11 @@ void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned bl
             CUstream stream, void* params) {
   void* args[] = {params};
   make_current(k.ctx);
+  if (k.cluster > 1) {
+    const ClusterLaunch cl(k.cluster, grid_x, grid_y, block_x, block_y, k.smem, stream);
+    check_cu(driver().cuLaunchKernelEx(&cl.cfg, k.fn, args, nullptr), "cuLaunchKernelEx");
+    return;
+  }
   check_cu(driver().cuLaunchKernel(k.fn, grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(k.smem), stream,
                                    args, nullptr),
            "cuLaunchKernel");

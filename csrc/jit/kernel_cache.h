@@ -44,6 +44,8 @@ struct LoadedKernel {
   size_t smem = 0;        // dynamic shared memory every launch passes
   int blocks_per_sm = 0;  // occupancy at (threads, smem)
   int registers = 0;
+  int cluster = 1;       // CTAs per cluster every launch uses (key.cluster)
+  int max_clusters = 0;  // clusters of that shape resident on the whole device at once
 };
 
 // The loaded kernel for key on `device`, compiling or reading the disk cache
@@ -53,7 +55,8 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
 // The compiled image for key (key.arch decides the target); no GPU needed.
 std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key);
 
-// Launches `k` with a single by-value parameter block.
+// Launches `k` with a single by-value parameter block; a cluster kernel's
+// grid_x must be a multiple of k.cluster.
 void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
             CUstream stream, void* params);
 

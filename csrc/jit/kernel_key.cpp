@@ -9,7 +9,7 @@ std::string KernelKey::describe() const {
   os << (family ? family->name : "?") << "[dtype=" << short_name(dtype) << " wdtype=" << short_name(wdtype)
      << " N=" << hidden << " vec=" << vec << " threads_per_row=" << threads_per_row << " rows_per_cta=" << rows_per_cta
      << " vecs_per_thread=" << vecs_per_thread << " flags=0x" << std::hex << flags << std::dec << " variant=" << variant
-     << " arch=sm_" << arch << "]";
+     << " cluster=" << cluster << " arch=sm_" << arch << "]";
   return os.str();
 }
 

@@ -40,11 +40,15 @@ struct KernelKey {
   uint32_t flags = 0;
   int16_t variant = 0;  // family-specific selector (e.g. softmax mask kind)
   int16_t arch = 0;     // sm_XX as XX (e.g. 90)
+  // CTAs per thread-block cluster along x (1: no cluster; sm_90+ otherwise).
+  // A launch property the kernel's own template arguments also encode.
+  int16_t cluster = 1;
 
   bool operator==(const KernelKey& o) const {
     return family == o.family && dtype == o.dtype && wdtype == o.wdtype && hidden == o.hidden && vec == o.vec &&
            threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta &&
-           vecs_per_thread == o.vecs_per_thread && flags == o.flags && variant == o.variant && arch == o.arch;
+           vecs_per_thread == o.vecs_per_thread && flags == o.flags && variant == o.variant && arch == o.arch &&
+           cluster == o.cluster;
   }
   int threads() const { return threads_per_row * rows_per_cta; }
   std::string name_expression() const { return family->name_expression(*this); }
@@ -64,7 +68,8 @@ struct KernelKeyHash {
         (static_cast<uint64_t>(static_cast<uint16_t>(k.vecs_per_thread)) << 48));
     mix(k.flags);
     mix(static_cast<uint64_t>(static_cast<uint16_t>(k.variant)) |
-        (static_cast<uint64_t>(static_cast<uint16_t>(k.arch)) << 16));
+        (static_cast<uint64_t>(static_cast<uint16_t>(k.arch)) << 16) |
+        (static_cast<uint64_t>(static_cast<uint16_t>(k.cluster)) << 32));
     return static_cast<size_t>(h);
   }
 };

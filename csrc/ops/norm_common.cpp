@@ -163,6 +163,15 @@ at::ScalarType stat_dtype(const at::Tensor& input) {
 
 at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, like.options()); }
 
+int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k) {
+  const int64_t cl = k.cluster;
+  int64_t units = row_blocks;
+  if (persistent)
+    units = cl > 1 ? std::max<int64_t>(1, std::min<int64_t>(row_blocks, k.max_clusters))
+                   : persistent_grid(row_blocks, sm_count, k.blocks_per_sm);
+  return std::min<int64_t>(units, std::numeric_limits<int32_t>::max() / cl) * cl;
+}
+
 NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
                                  const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
@@ -224,8 +233,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   const NormFwdPlan plan = plan_norm_fwd(p, mode, info.sm_count, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
-  int64_t grid = plan.persistent ? persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm) : plan.row_blocks;
-  grid = std::min<int64_t>(grid, std::numeric_limits<int32_t>::max());
+  const int64_t grid = norm_grid(plan.row_blocks, plan.persistent, info.sm_count, k);
 
   NormFwdParams prm{};
   prm.x = x.data_ptr();
@@ -299,11 +307,11 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   const NormBwdPlan plan = plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
-  // Partial rows: one per persistent CTA, or one per row tile when split.
+  // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.
   SplitGrid split;
   if (plan.split) split = split_grid(plan, d.rows, info.sm_count);
-  const int64_t grid = plan.split ? split.col_tiles : persistent_grid(plan.row_blocks, info.sm_count, k.blocks_per_sm);
-  const int64_t parts = plan.split ? split.row_tiles : grid;
+  const int64_t grid = plan.split ? split.col_tiles : norm_grid(plan.row_blocks, true, info.sm_count, k);
+  const int64_t parts = plan.split ? split.row_tiles : grid / k.cluster;
   at::Tensor pw, pb, coef;
   if (want_dw) pw = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
   if (want_db) pb = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));

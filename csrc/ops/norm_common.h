@@ -9,6 +9,10 @@
 
 #include "ops/norm_plan.h"
 
+namespace rtcnorm::jit {
+struct LoadedKernel;
+}
+
 namespace rtcnorm {
 
 // ---- shared by every op's CUDA path ----
@@ -67,6 +71,12 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
                                   const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                   at::IntArrayRef normalized_shape, bool zero_centered, bool want_dw, bool want_db,
                                   const std::optional<at::Tensor>& grad_h);
+
+// CTAs of a norm launch: one per row block, or, for a persistent grid, as
+// many as are resident at once and never more than row blocks. A cluster
+// kernel (k.cluster CTAs per row block) counts clusters, resident ones by
+// the driver's count; the result is a multiple of k.cluster below 2^31.
+int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k);
 
 // Empty placeholder returned for a gradient that was not requested.
 at::Tensor no_grad_placeholder(const at::Tensor& like);

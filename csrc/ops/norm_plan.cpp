@@ -187,7 +187,9 @@ static bool affine_prefetch_rule(int override_value, const NormProblem& p, bool 
   return small_grid;
 }
 
-NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
+// The plan for one CTA (or row group) per row; plan_norm_fwd may split the
+// row across a cluster of such CTAs instead.
+static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormTuning& t = norm_tuning();
   const int kNarrowRow = pick(t.narrow_row, kDefaultNarrowRow);
   const bool narrow = p.hidden <= kNarrowRow;
@@ -382,7 +384,8 @@ SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
   return g;
 }
 
-NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
+static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
+                                bool explain) {
   const NormTuning& t = norm_tuning();
   const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
@@ -446,6 +449,92 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
       << "; grid = SMs x occupancy, one fp32 partial row per CTA";
   why.finish();
   return plan;
+}
+
+// ---- Thread-block clusters (sm_90+, common/cluster.cuh) ----
+// A wide row is split into CL column slices, one per CTA of a cluster, and
+// each slice is planned as a row of N / CL: the same kernel, whose
+// statistics then meet through distributed shared memory. The rule (from
+// kernel-only sweeps, benchmarks/NOTES.md entry 18):
+// - forward: only rows no single CTA caches, which are then read once
+//   instead of twice: 512x131072 bf16 RMSNorm
+//   1805 -> 2460 GB/s (H100), LayerNorm 1515 -> 1734; rows one CTA caches
+//   lost 3-25% when split (a cluster barrier per row);
+// - backward: float32 rows past 8192 elements gain 30-45% over the split
+//   design (H200, RMSNorm 2048x32768 2284 -> 3127, LayerNorm 4096x16384
+//   2243 -> 3228) and RMSNorm's one-CTA rows of 16384, which spill 400
+//   bytes (2466 -> 3262; H100 2121 -> 2527). 16-bit rows carry half the
+//   bytes per barrier and did not beat the split design (H200 -4% to -22%,
+//   H100 -10% to +12%) or one CTA (RMSNorm 4096x16384: 2293 -> 2201).
+constexpr int kMaxCluster = 8;  // the portable cluster size
+// Widest slice the rule splits a row down to: the forward's best register
+// rows are 16-32 KB (RMSNorm / LayerNorm 4096x16384 bf16: 96-97% of copy),
+// the backward's 8192 elements (16 per thread at 512 threads).
+constexpr int64_t kFwdSliceBytes = 32 * 1024;
+constexpr int64_t kBwdSliceElems = 8192;
+
+// CTAs per cluster for a row of `units` (bytes or elements) cut into slices
+// of at most `slice` units (at most kMaxCluster of them); an override of 2-8
+// forces that size, 1 forbids clusters. Halved until the row's vectors
+// split evenly; 1 before sm_90.
+static int cluster_size(int override_value, int64_t units, int64_t slice, int64_t nvec, int arch) {
+  if (arch < 90 || override_value == 1) return 1;
+  int cl = 1;
+  if (override_value > 1) {
+    while (cl * 2 <= std::min(override_value, kMaxCluster)) cl *= 2;
+  } else {
+    while (cl < kMaxCluster && units > slice * cl) cl *= 2;
+  }
+  while (cl > 1 && nvec % cl != 0) cl /= 2;
+  return cl;
+}
+
+// Turns a slice's plan key into the whole row's cluster key.
+static void widen_to_cluster(KernelKey& k, const NormProblem& p, int cl) {
+  int log2 = 0;
+  while ((1 << log2) < cl) ++log2;
+  k.hidden = static_cast<int32_t>(p.hidden);
+  k.flags |= static_cast<unsigned>(log2) << kClusterShift;
+  k.cluster = static_cast<int16_t>(cl);
+}
+
+static std::string cluster_reason(int cl, int64_t slice) {
+  return "; row split across a cluster of " + std::to_string(cl) + " CTAs, " + std::to_string(slice) +
+         " columns each, statistics merged through distributed shared memory";
+}
+
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
+  const int forced = norm_tuning().fwd_cluster;
+  NormFwdPlan plan = plan_fwd_cta(p, requested, sm_count, arch, explain);
+  // A reload was asked for: x is streamed twice by request, never cached.
+  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1)) return plan;
+  const int64_t nvec = p.hidden / choose_vec(p);
+  const int cl = cluster_size(forced, p.hidden * jit::element_size(p.dtype), kFwdSliceBytes, nvec, arch);
+  if (cl == 1) return plan;
+  NormProblem slice = p;
+  slice.hidden = p.hidden / cl;
+  // Clusters, not CTAs, are what fill the device (the decode-sized grid rule).
+  NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain);
+  if (!cplan.cached) return plan;
+  widen_to_cluster(cplan.key, p, cl);
+  if (explain) cplan.reason += cluster_reason(cl, slice.hidden);
+  return cplan;
+}
+
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
+  const int forced = norm_tuning().bwd_cluster;
+  NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, arch, explain);
+  const bool rule = jit::element_size(p.dtype) == 4 && p.hidden > kBwdSliceElems;
+  if (forced == 1 || (forced == 0 && !rule)) return plan;
+  const int cl = cluster_size(forced, p.hidden, kBwdSliceElems, p.hidden / choose_vec(p), arch);
+  if (cl == 1) return plan;
+  NormProblem slice = p;
+  slice.hidden = p.hidden / cl;
+  NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain);
+  if (!cplan.cached) return plan;
+  widen_to_cluster(cplan.key, p, cl);
+  if (explain) cplan.reason += cluster_reason(cl, slice.hidden);
+  return cplan;
 }
 
 KernelKey column_reduce_key(DType out, int arch) {

@@ -39,6 +39,10 @@ struct NormTuning {
   int bwd_hints = 0;
   // Forward: 1 = no L1 prefetch of gamma/beta beside the row's loads, 2 = always.
   int fwd_affine_prefetch = 0;
+  // CTAs of a thread-block cluster that split each row (sm_90+): 1 = never,
+  // 2 / 4 / 8 = that many wherever the row divides and each slice caches.
+  int fwd_cluster = 0;
+  int bwd_cluster = 0;
 };
 
 NormTuning& norm_tuning();

@@ -22,8 +22,15 @@ thread at 1024 threads. In shared memory (``explain(...)["smem"]`` bytes per
 CTA) for rows of 16 KB or more with a residual, LayerNorm rows of 64 KB or more
 (32 KB for fp32) with a bias, and any row too wide for registers that fits the
 CTA's shared memory (227 KB on sm_90/sm_100, 163 KB on sm_80, 99 KB on
-sm_86/sm_89). ``static_persistent`` keeps rows the same way. Rows that fit
-neither (e.g. N = 131072 in bf16) are re-read in every mode.
+sm_86/sm_89). ``static_persistent`` keeps rows the same way.
+
+Rows that fit neither (e.g. N = 131072 in bf16, 65536 in fp32) are split on
+sm_90 and newer across a thread-block cluster of up to 8 CTAs, each caching
+a slice of at most 32 KB, whose statistics meet through distributed shared
+memory (``explain(...)["cluster"]`` CTAs per row): x is still read once. On
+older GPUs, and for rows too wide even for 8 slices, they are re-read in
+every mode. The backward splits float32 rows of more than 8192 elements the
+same way.
 """
 
 _OPS = ("rms_norm", "layer_norm")

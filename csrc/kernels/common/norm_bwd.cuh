@@ -24,6 +24,11 @@
 //   rb it has L2 fetch row block rb + gridDim.x, which it loads next.
 // - Dynamic shared memory holds bundles * N floats when a CTA combines more
 //   than one bundle (see kBundles); the host sizes it with the same formula.
+// - A cluster of CL CTAs (kClusterBits, cached rows only) splits every row
+//   into CL column slices as in the forward: each CTA keeps x, dy and the dW
+//   accumulators of its slice, the row sums meet through the cluster, and
+//   cluster c writes partial row c (gridDim.x / CL rows), each CTA its slice.
+//   Bundles then hold N / CL floats.
 #pragma once
 
 #include "common/norm_fwd.cuh"
@@ -109,7 +114,9 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
 __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
-  constexpr int kVecs = N / VEC;
+  constexpr int kCl = 1 << ((FLAGS & kClusterBits) >> kClusterShift);
+  constexpr int kSlice = N / kCl;      // columns of this CTA's slice of a row
+  constexpr int kVecs = kSlice / VEC;  // and its vectors
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
   constexpr bool kCached = (FLAGS & kCachedRow) != 0;
@@ -123,17 +130,23 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr float kInvN = 1.f / static_cast<float>(N);
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(kCached || ROWS == 1, "streamed rows accumulate in global memory: one row per CTA");
+  static_assert(N % (VEC * kCl) == 0, "a cluster splits a row into equal slices of whole vectors");
+  static_assert(kCl == 1 || kCached, "a cluster splits rows it caches in registers");
 
   extern __shared__ float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
+  __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
+  const int vbase = cluster_rank<kCl>() * kVecs;  // this CTA's first vector of a row
+  const long long col0 = 1LL * vbase * VEC;       // and first column
+  const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
   const T* x = static_cast<const T*>(p.x);
   const T* dy = static_cast<const T*>(p.dy);
   const T* dh = static_cast<const T*>(p.dh);
   T* dx = static_cast<T*>(p.dx);
-  float* pw = p.partial_w + 1LL * blockIdx.x * N;
-  float* pb = p.partial_b + 1LL * blockIdx.x * N;
+  float* pw = p.partial_w + cluster * N + col0;
+  float* pb = p.partial_b + cluster * N + col0;
 
   float dw_acc[kCached && kDw ? NV : 1][VEC];
   float db_acc[kCached && kDb ? NV : 1][VEC];
@@ -146,14 +159,15 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) db_acc[i][j] = 0.f;
 
-  for (long long rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+  int calls = 0;
+  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
     const long long row = rb * ROWS + group;
     const bool row_ok = row < p.rows;
-    const long long xoff = row_ok ? row_offset(p.x_map, row) : 0;
-    const long long goff = row * N;
+    const long long xoff = row_ok ? row_offset(p.x_map, row) + col0 : 0;
+    const long long goff = row * N + col0;
     const float rstd = row_ok ? p.rstd[row] : 0.f;
     const float mean = (KIND == kLayerNorm && row_ok) ? p.mean[row] : 0.f;
-    const bool first_row = rb == blockIdx.x;
+    const bool first_row = rb == cluster;
 
     PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];
     Sum2 s = {0.f, 0.f};
@@ -168,18 +182,18 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
       }
       if constexpr (kNext) {
-        const long long next = (rb + gridDim.x) * ROWS + group;
+        const long long next = (rb + clusters) * ROWS + group;
         if (next < p.rows) {
-          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next), lane);
-          prefetch_row<T, VEC, TPR, NV, kVecs>(dy, next * N, lane);
-          if constexpr (kDh) prefetch_row<T, VEC, TPR, NV, kVecs>(dh, next * N, lane);
+          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next) + col0, lane);
+          prefetch_row<T, VEC, TPR, NV, kVecs>(dy, next * N + col0, lane);
+          if constexpr (kDh) prefetch_row<T, VEC, TPR, NV, kVecs>(dh, next * N + col0, lane);
         }
       }
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
-        add_row_terms<T, W, VEC, FLAGS>(p.weight, v, xv[i], dv[i], mean, rstd, s);
+        add_row_terms<T, W, VEC, FLAGS>(p.weight, vbase + v, xv[i], dv[i], mean, rstd, s);
         if constexpr (kCached) {
           xc[i] = xv[i];
           dyc[i] = dv[i];
@@ -188,6 +202,22 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     }
 
     s = group_allreduce<TPR, ROWS>(s, scratch);
+    cluster_publish<kCl, ROWS>(s, cscratch, calls, group, lane == 0);
+    if constexpr (kCl > 1) {
+      // dW / dB need only the saved statistics: sum them while the cluster's
+      // other CTAs arrive (a lone CTA does it beside dx, below).
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (!row_ok || !(kEven || i * TPR + lane < kVecs)) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (to_float(xc[i].e[j]) - mean) * rstd;
+          if constexpr (kDw) dw_acc[i][j] = fmaf(to_float(dyc[i].e[j]), xhat, dw_acc[i][j]);
+          if constexpr (kDb) db_acc[i][j] += to_float(dyc[i].e[j]);
+        }
+      }
+    }
+    s = cluster_collect<kCl, ROWS>(s, cscratch, calls++, group);
     const float c1 = s.a * kInvN;
     const float c2 = KIND == kLayerNorm ? s.b * kInvN : 0.f;
 
@@ -206,7 +236,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           dv = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
         }
         float g[VEC];
-        load_gamma<W, VEC, FLAGS>(p.weight, v, g);
+        load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
         float dhv[VEC];
         if constexpr (kDh) {
           to_floats<T, VEC>(load_nc<T, VEC>(dh, goff + 1LL * v * VEC), dhv);
@@ -223,6 +253,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         }
         store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
         if constexpr (kCached) {
+          if constexpr (kCl > 1) continue;  // summed while the cluster met
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             if constexpr (kDw) dw_acc[i][j] = fmaf(to_float(dv.e[j]), xhat[j], dw_acc[i][j]);
@@ -259,8 +290,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     }
   }
 
-  if constexpr (kCached && kDw) write_partial_row<N, VEC, TPR, ROWS, NV>(dw_acc, pw, smem);
-  if constexpr (kCached && kDb) write_partial_row<N, VEC, TPR, ROWS, NV>(db_acc, pb, smem);
+  cluster_exit<kCl>();
+  if constexpr (kCached && kDw) write_partial_row<kSlice, VEC, TPR, ROWS, NV>(dw_acc, pw, smem);
+  if constexpr (kCached && kDb) write_partial_row<kSlice, VEC, TPR, ROWS, NV>(db_acc, pb, smem);
 }
 
 }  // namespace rtcnorm

@@ -21,8 +21,13 @@
 //   than row_blocks) and a one-block-per-row-block grid share this code.
 // - Statistics accumulate in fp32. LayerNorm uses per-chunk two-pass moments
 //   merged with Chan's formula, never E[x^2] - E[x]^2.
+// - A cluster of CL CTAs (kClusterBits) splits every row into CL equal
+//   column slices: CTA rank r owns columns [r * N / CL, (r + 1) * N / CL),
+//   caches its slice, and the slices' statistics are merged through the
+//   cluster (common/cluster.cuh). Row blocks are then indexed per cluster.
 #pragma once
 
+#include "common/cluster.cuh"
 #include "common/params.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -131,14 +136,15 @@ __device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_inde
 }
 
 // Fetches into L1 the gamma/beta lines of this thread's vectors of the first
-// chunk, so that the normalize pass, which reads them right after the row
-// reduction, finds them there instead of waiting on L2 or DRAM.
+// chunk (of the slice starting at column col0), so that the normalize pass,
+// which reads them right after the row reduction, finds them there instead
+// of waiting on L2 or DRAM.
 template <typename W, int VEC, int TPR, int NV, int VECS, unsigned FLAGS>
-__device__ __forceinline__ void prefetch_affine(const NormFwdParams& p, int lane) {
+__device__ __forceinline__ void prefetch_affine(const NormFwdParams& p, long long col0, int lane) {
   if constexpr ((FLAGS & kHasWeight) != 0)
-    prefetch_row<W, VEC, TPR, NV, VECS, true>(static_cast<const W*>(p.weight), 0, lane);
+    prefetch_row<W, VEC, TPR, NV, VECS, true>(static_cast<const W*>(p.weight), col0, lane);
   if constexpr ((FLAGS & kHasBias) != 0)
-    prefetch_row<W, VEC, TPR, NV, VECS, true>(static_cast<const W*>(p.bias), 0, lane);
+    prefetch_row<W, VEC, TPR, NV, VECS, true>(static_cast<const W*>(p.bias), col0, lane);
 }
 
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
@@ -146,7 +152,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   using Stats = NormStats<KIND>;
   using Acc = typename Stats::Acc;
   using PT = Pack<T, VEC>;
-  constexpr int kVecs = N / VEC;
+  constexpr int kCl = 1 << ((FLAGS & kClusterBits) >> kClusterShift);
+  constexpr int kVecs = N / VEC / kCl;  // vectors of this CTA's slice of a row
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
   constexpr bool kCached = (FLAGS & kCachedRow) != 0;
@@ -159,13 +166,19 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kNext = (kCached || (kSmem && kChunks == 1)) && (FLAGS & kPrefetchNext) != 0;
   constexpr bool kAffinePf = !kKeep && (FLAGS & (kHasWeight | kHasBias)) != 0 && (FLAGS & kPrefetchAffine) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
+  static_assert((N / VEC) % kCl == 0, "a cluster splits a row into equal slices of whole vectors");
+  static_assert(kCl == 1 || kCached || kSmem, "a cluster splits rows it caches, never streamed ones");
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(!(kCached && kSmem), "a row is cached in registers or in shared memory, not both");
   static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
 
   __shared__ GroupScratch<TPR, ROWS, Acc> scratch;
+  __shared__ ClusterScratch<kCl, ROWS, Acc> cscratch;
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
+  const int rank = cluster_rank<kCl>();
+  const int vbase = rank * kVecs;            // this CTA's first vector of a row
+  const long long col0 = 1LL * vbase * VEC;  // and first column
   extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
   PT* const srow = reinterpret_cast<PT*>(norm_dyn_smem) + (kSmem ? group * kVecs : 0);
   const T* x = static_cast<const T*>(p.x);
@@ -179,16 +192,18 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (kEven || v < kVecs) load_affine<W, VEC, FLAGS>(p, v, kg[i], kb[i]);
+      if (kEven || v < kVecs) load_affine<W, VEC, FLAGS>(p, vbase + v, kg[i], kb[i]);
     }
   }
 
-  for (long long rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+  const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
+  int calls = 0;
+  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
     const long long row = rb * ROWS + group;
     const bool row_ok = row < p.rows;
-    const long long xoff = row_ok ? row_offset(p.x_map, row) : 0;
-    const long long roff = (kRes && row_ok) ? row_offset(p.residual_map, row) : 0;
-    const long long yoff = row * N;
+    const long long xoff = row_ok ? row_offset(p.x_map, row) + col0 : 0;
+    const long long roff = (kRes && row_ok) ? row_offset(p.residual_map, row) + col0 : 0;
+    const long long yoff = row * N + col0;
 
     PT cache[kCached ? NV : 1];
     Acc acc = Stats::empty();
@@ -205,13 +220,13 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       if constexpr (kAffinePf) {
         // Only the chunk whose gamma the normalize pass reads first; later
         // chunks' lines would be evicted before use on long rows.
-        if (c == 0 && row_ok) prefetch_affine<W, VEC, TPR, NV, kVecs, FLAGS>(p, lane);
+        if (c == 0 && row_ok) prefetch_affine<W, VEC, TPR, NV, kVecs, FLAGS>(p, col0, lane);
       }
       if constexpr (kNext) {
-        const long long next = (rb + gridDim.x) * ROWS + group;
+        const long long next = (rb + clusters) * ROWS + group;
         if (next < p.rows) {
-          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next), lane);
-          if constexpr (kRes) prefetch_row<T, VEC, TPR, NV, kVecs>(res, row_offset(p.residual_map, next), lane);
+          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next) + col0, lane);
+          if constexpr (kRes) prefetch_row<T, VEC, TPR, NV, kVecs>(res, row_offset(p.residual_map, next) + col0, lane);
         }
       }
       if constexpr (kRes) {
@@ -238,9 +253,10 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     }
 
     acc = group_allreduce<TPR, ROWS>(acc, scratch);
+    acc = cluster_allreduce<kCl, ROWS>(acc, cscratch, calls++, group, lane == 0);
     float mean, rstd;
     Stats::finish(acc, N, p.eps, mean, rstd);
-    if (row_ok && lane == 0) {
+    if (row_ok && lane == 0 && rank == 0) {
       p.rstd[row] = rstd;
       if (KIND == kLayerNorm && p.mean != nullptr) p.mean[row] = mean;
     }
@@ -268,7 +284,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
             b[j] = kb[i][j];
           }
         } else {
-          load_affine<W, VEC, FLAGS>(p, v, g, b);
+          load_affine<W, VEC, FLAGS>(p, vbase + v, g, b);
         }
         float out[VEC];
 #pragma unroll
@@ -277,6 +293,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       }
     }
   }
+  cluster_exit<kCl>();
 }
 
 }  // namespace rtcnorm

@@ -36,7 +36,12 @@ enum NormFlags : unsigned {
   kPrefetchNext = 1u << 11,    // a cached grid-stride loop asks L2 for its next row block
   kSmemRow = 1u << 12,         // forward: the row stays in dynamic shared memory between passes
   kPrefetchAffine = 1u << 13,  // forward: gamma/beta lines are fetched into L1 beside the row's loads
+  // log2 of the CTAs of a thread-block cluster that split each row's columns
+  // (0: one CTA per row group; 1..3: clusters of 2, 4 or 8, sm_90+). See
+  // common/cluster.cuh; the host launches with the same cluster shape.
+  kClusterBits = 3u << 14,
 };
+constexpr int kClusterShift = 14;
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
 
