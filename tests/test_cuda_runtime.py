@@ -136,6 +136,25 @@ def test_both_designs_for_rows_too_long_for_registers(op, dtype, shape, strided,
     check(op, got, ref(op, t), shape[0])
 
 
+def check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison):
+    """Forward and backward of m rows of n, contiguous and every other row of 2m,
+    against the reference."""
+    for strided in (False, True):
+        rows = 2 * m if strided else m
+        if op == "rms_norm":
+            x, w, zcg, r = rms_inputs((rows, n), [n], dtype, "cuda", variant)
+            x = x[::2] if strided else x
+            r = r[: x.shape[0]] if r is not None else None
+            check_rms_norm(x, [n], w, mode=mode, zero_centered_gamma=zcg, residual=r, poison=poison)
+        else:
+            # A large mean where every output has a 16-bit tolerance (float32
+            # outputs, y or a float32 dW, would see fp32 rounding of the mean).
+            shift = 0.0 if dtype == torch.float32 or variant == "mixed" else 100.0
+            x, w, b, zcg = ln_inputs((rows, n), [n], dtype, "cuda", variant, shift=shift)
+            x = x[::2] if strided else x
+            check_layer_norm(x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=4.0)
+
+
 @pytest.mark.parametrize("mode", [None, "static_persistent", "multi_wave_cached"], ids=lambda m: m or "auto")
 @pytest.mark.parametrize(
     ("n", "variant"),
@@ -161,19 +180,7 @@ def test_rows_cached_in_shared_memory(op, dtype, n, variant, mode, poison):
         assert slices == 1 or (not fits and torch.cuda.get_device_capability() >= (9, 0))
         assert plan["cached_row"] == (fits or slices > 1)
         assert plan["smem"] == (n // slices * dtype.itemsize * plan["rows_per_cta"] if plan["cached_row"] else 0)
-        for strided in (False, True):
-            if op == "rms_norm":
-                x, w, zcg, r = rms_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant)
-                x = x[::2] if strided else x
-                r = r[: x.shape[0]] if r is not None else None
-                check_rms_norm(x, [n], w, mode=mode, zero_centered_gamma=zcg, residual=r, poison=poison)
-            else:
-                # A large mean where every output has a 16-bit tolerance (float32
-                # outputs, y or a float32 dW, would see fp32 rounding of the mean).
-                shift = 0.0 if dtype == torch.float32 or variant == "mixed" else 100.0
-                x, w, b, zcg = ln_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant, shift=shift)
-                x = x[::2] if strided else x
-                check_layer_norm(x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=4.0)
+        check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
 needs_clusters = pytest.mark.skipif(
@@ -203,17 +210,7 @@ def test_rows_split_across_a_cluster(op, n, variant, dtype, mode, cluster, poiso
     with _tuning.override(fwd_cluster=cluster, bwd_cluster=cluster):
         plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")
         assert 1 < plan["cluster"] <= cluster and plan["cached_row"]
-        for strided in (False, True):
-            if op == "rms_norm":
-                x, w, zcg, r = rms_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant)
-                x = x[::2] if strided else x
-                r = r[: x.shape[0]] if r is not None else None
-                check_rms_norm(x, [n], w, mode=mode, zero_centered_gamma=zcg, residual=r, poison=poison)
-            else:
-                shift = 0.0 if dtype == torch.float32 or variant == "mixed" else 100.0
-                x, w, b, zcg = ln_inputs((2 * m if strided else m, n), [n], dtype, "cuda", variant, shift=shift)
-                x = x[::2] if strided else x
-                check_layer_norm(x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=4.0)
+        check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
 @needs_clusters
