@@ -489,18 +489,19 @@ static int cluster_size(int override_value, int64_t units, int64_t slice, int64_
   return cl;
 }
 
-// Turns a slice's plan key into the whole row's cluster key.
-static void widen_to_cluster(KernelKey& k, const NormProblem& p, int cl) {
+// Turns the plan of a slice (a row of p.hidden / cl) into the whole row's
+// cluster plan: the key names the whole row and the cluster shape.
+template <typename Plan>
+static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool explain) {
   int log2 = 0;
   while ((1 << log2) < cl) ++log2;
-  k.hidden = static_cast<int32_t>(p.hidden);
-  k.flags |= static_cast<unsigned>(log2) << kClusterShift;
-  k.cluster = static_cast<int16_t>(cl);
-}
-
-static std::string cluster_reason(int cl, int64_t slice) {
-  return "; row split across a cluster of " + std::to_string(cl) + " CTAs, " + std::to_string(slice) +
-         " columns each, statistics merged through distributed shared memory";
+  plan.key.hidden = static_cast<int32_t>(p.hidden);
+  plan.key.flags |= static_cast<unsigned>(log2) << kClusterShift;
+  plan.key.cluster = static_cast<int16_t>(cl);
+  if (explain)
+    plan.reason += "; row split across a cluster of " + std::to_string(cl) + " CTAs, " + std::to_string(p.hidden / cl) +
+                   " columns each, statistics merged through distributed shared memory";
+  return plan;
 }
 
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
@@ -514,11 +515,8 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
   // Clusters, not CTAs, are what fill the device (the decode-sized grid rule).
-  NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain);
-  if (!cplan.cached) return plan;
-  widen_to_cluster(cplan.key, p, cl);
-  if (explain) cplan.reason += cluster_reason(cl, slice.hidden);
-  return cplan;
+  const NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain);
+  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
@@ -530,11 +528,8 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
-  NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain);
-  if (!cplan.cached) return plan;
-  widen_to_cluster(cplan.key, p, cl);
-  if (explain) cplan.reason += cluster_reason(cl, slice.hidden);
-  return cplan;
+  const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain);
+  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
 
 KernelKey column_reduce_key(DType out, int arch) {

@@ -72,6 +72,19 @@ __device__ __forceinline__ void add_row_terms(const void* weight, int v, const P
   }
 }
 
+// Adds one cached vector's terms to the CTA's register sums: dW += dy * xhat,
+// dB += dy. A lone CTA calls it beside dx, a cluster's CTA while its barrier
+// is pending; one formula, so both designs sum the same bits.
+template <typename T, int VEC, bool DW, bool DB>
+__device__ __forceinline__ void add_affine_grads(const Pack<T, VEC>& dv, const float (&xhat)[VEC], float (&dw)[VEC],
+                                                 float (&db)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if constexpr (DW) dw[j] = fmaf(to_float(dv.e[j]), xhat[j], dw[j]);
+    if constexpr (DB) db[j] += to_float(dv.e[j]);
+  }
+}
+
 // Sums register accumulators over the CTA's row groups and writes the CTA's
 // partial row. All threads of the CTA must call it.
 template <int N, int VEC, int TPR, int ROWS, int NV>
@@ -209,12 +222,10 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (!row_ok || !(kEven || i * TPR + lane < kVecs)) continue;
+        float xhat[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (to_float(xc[i].e[j]) - mean) * rstd;
-          if constexpr (kDw) dw_acc[i][j] = fmaf(to_float(dyc[i].e[j]), xhat, dw_acc[i][j]);
-          if constexpr (kDb) db_acc[i][j] += to_float(dyc[i].e[j]);
-        }
+        for (int j = 0; j < VEC; ++j) xhat[j] = (to_float(xc[i].e[j]) - mean) * rstd;
+        add_affine_grads<T, VEC, kDw, kDb>(dyc[i], xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
       }
     }
     s = cluster_collect<kCl, ROWS>(s, cscratch, calls++, group);
@@ -253,12 +264,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         }
         store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
         if constexpr (kCached) {
-          if constexpr (kCl > 1) continue;  // summed while the cluster met
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            if constexpr (kDw) dw_acc[i][j] = fmaf(to_float(dv.e[j]), xhat[j], dw_acc[i][j]);
-            if constexpr (kDb) db_acc[i][j] += to_float(dv.e[j]);
-          }
+          // A cluster summed them while its barrier was pending.
+          if constexpr (kCl == 1)
+            add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
         } else {
           const long long col = 1LL * v * VEC;
           if constexpr (kDw) {
