@@ -71,6 +71,7 @@ constexpr Tunable kTunables[] = {
     {"fwd_affine_prefetch", &NormTuning::fwd_affine_prefetch, 2},
     {"fwd_cluster", &NormTuning::fwd_cluster, 8},
     {"bwd_cluster", &NormTuning::bwd_cluster, 8},
+    {"bwd_stage", &NormTuning::bwd_stage, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -180,6 +181,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["kernel"] = b.key.name_expression();
   bd["block"] = b.key.threads();
   bd["cluster"] = b.key.cluster;
+  bd["staged"] = (b.key.flags & kStagedRow) != 0;
   bd["smem"] = b.smem;
   d["backward"] = bd;
   return d;

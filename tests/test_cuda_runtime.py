@@ -232,6 +232,31 @@ def test_cluster_weight_grads_are_bitwise_reproducible_and_match_one_cta(op):
         torch.testing.assert_close(first[name], single[name], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", [None, "static_persistent"], ids=lambda m: m or "auto")
+@pytest.mark.parametrize(
+    ("n", "variant", "dtype", "cluster"),
+    [(128, "weight", torch.bfloat16, 1), (1000, "zero_centered", torch.float16, 1), (4096, "mixed", torch.bfloat16, 1),
+     (8192, "residual", torch.bfloat16, 1), (6144, "no_weight", torch.float32, 1), (12288, "weight", torch.float32, 2),
+     (32768, "residual", torch.bfloat16, 4), (65536, "mixed", torch.bfloat16, 8)],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, cluster, mode, poison):
+    """The backward forced to stage x, dy (and the residual's dh) through its
+    shared-memory ring, alone and across clusters: several rows per CTA at
+    N = 128, the ring's tail rows past M, residual, float32 weights,
+    zero-centred gamma, no weight and row-strided input all match the
+    reference."""
+    if cluster > 1 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90+")
+    if op == "layer_norm" and variant == "residual":
+        variant = "weight_bias"
+    m = 131 if n <= 16384 else 11
+    with _tuning.override(bwd_stage=2, bwd_cluster=cluster):
+        plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")["backward"]
+        assert plan["staged"] and plan["cluster"] == cluster and plan["smem"] > 0
+        check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_a_kernel_loaded_on_one_device_is_loaded_again_for_another(op):

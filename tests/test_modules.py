@@ -123,7 +123,9 @@ def test_rms_norm_module_with_residual_returns_the_sum():
         ("rms_norm", (2048, 32768), torch.float32, 1, 4),  # one CTA caches the forward row
         ("rms_norm", (4096, 16384), torch.float32, 1, 2),  # float32 backward rows past 8192 elements
         ("layer_norm", (4096, 16384), torch.float32, 1, 2),
-        ("rms_norm", (2048, 32768), torch.bfloat16, 1, 1),
+        ("rms_norm", (2048, 32768), torch.bfloat16, 1, 8),  # 16-bit: staged slices of 4096
+        ("layer_norm", (4096, 16384), torch.bfloat16, 1, 4),
+        ("layer_norm", (1024, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
         ("layer_norm", (4096, 8192), torch.float32, 1, 1),
     ],
 )
@@ -142,6 +144,8 @@ def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
         assert plan["cached_row"] and plan["grid"] == plan["row_blocks"] * cluster
     if bwd_cluster > 1:
         assert not plan["backward"]["split"]
+        # 16-bit slices are staged through shared memory, float32 ones are not.
+        assert plan["backward"]["staged"] == (dtype != torch.float32)
     old = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_80")
     assert old["cluster"] == 1 and old["backward"]["cluster"] == 1
     reload = rtcnorm.explain(op, shape, dtype, mode="multi_wave_reload", device="cpu", arch="sm_90")
@@ -260,6 +264,7 @@ def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb, dtype,
 # kPrefetchAffine in the kernel key's flags (csrc/kernels/common/params.cuh).
 PREFETCH_AFFINE = 1 << 13
 PREFETCH_NEXT = 1 << 11
+STAGED_ROW = 1 << 16
 
 
 def kernel_flags(kernel: str) -> int:
@@ -293,18 +298,51 @@ def test_decode_sized_grids_prefetch_gamma_and_keep_registers(op, m, n, small):
 
 @pytest.mark.parametrize(
     ("op", "n", "dtype", "prefetch"),
-    [("layer_norm", 7168, BF16, True), ("layer_norm", 6144, BF16, True), ("layer_norm", 4096, BF16, True),
-     ("layer_norm", 5120, BF16, False), ("rms_norm", 7168, BF16, False), ("rms_norm", 5120, BF16, False),
-     ("layer_norm", 7168, torch.float32, True), ("rms_norm", 8192, BF16, True), ("layer_norm", 3072, BF16, True),
-     ("layer_norm", 2560, BF16, False)],
+    [("layer_norm", 7168, BF16, "staged"), ("layer_norm", 6144, BF16, True), ("layer_norm", 4096, BF16, True),
+     ("layer_norm", 5120, BF16, False), ("rms_norm", 7168, BF16, "staged"), ("rms_norm", 5120, BF16, False),
+     ("layer_norm", 7168, torch.float32, True), ("rms_norm", 8192, BF16, "staged"), ("layer_norm", 3072, BF16, True),
+     ("layer_norm", 2560, BF16, False), ("rms_norm", 8192, torch.float32, True), ("rms_norm", 4096, BF16, True)],
 )  # fmt: skip
 def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, prefetch):
     """The grid-stride backward asks L2 for its next row block in 512-thread CTAs
     and in lone CTAs of one or two rows under 512 threads, never in two CTAs per
     SM of 320-448 threads, whose registers are already tight, nor in LayerNorm's
-    three-row CTAs at N = 2560, where it measured 12% slower."""
-    kernel = rtcnorm.explain(op, (16384, n), dtype, device="cpu")["backward"]["kernel"]
-    assert bool(kernel_flags(kernel) & PREFETCH_NEXT) == prefetch, kernel
+    three-row CTAs at N = 2560, where it measured 12% slower. 16-bit rows of
+    7168+ elements are staged through shared memory instead, the next row's
+    copies already in flight."""
+    plan = rtcnorm.explain(op, (16384, n), dtype, device="cpu")["backward"]
+    flags = kernel_flags(plan["kernel"])
+    assert bool(flags & PREFETCH_NEXT) == (prefetch is True), plan["kernel"]
+    assert bool(flags & STAGED_ROW) == plan["staged"] == (prefetch == "staged"), plan["kernel"]
+    if plan["staged"]:
+        assert "shared-memory ring" in plan["reason"]
+        with _tuning.override(bwd_stage=1):
+            regs = rtcnorm.explain(op, (16384, n), dtype, device="cpu")["backward"]
+            assert not regs["staged"] and not kernel_flags(regs["kernel"]) & STAGED_ROW
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "dtype", "residual", "staged", "cluster"),
+    [("rms_norm", 5120, BF16, False, False, 1), ("rms_norm", 7168, BF16, False, True, 1),
+     ("rms_norm", 8192, torch.float16, False, True, 1), ("rms_norm", 8192, BF16, True, False, 1),
+     ("rms_norm", 16384, BF16, True, True, 1), ("rms_norm", 8192, torch.float32, False, False, 1),
+     ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 4),
+     ("rms_norm", 32768, BF16, True, True, 8), ("rms_norm", 65536, torch.float16, False, True, 8),
+     ("rms_norm", 131072, BF16, False, False, 1), ("layer_norm", 16384, torch.float32, False, False, 2)],
+)  # fmt: skip
+def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
+    """16-bit backward rows of 7168+ elements (past 8192 beside a residual's dh)
+    are staged through shared memory; 16-bit rows one CTA does not cache, up to
+    65536 elements, become staged 4096-element slices of a cluster on sm_90+ and
+    keep the split design before; float32 rows never stage."""
+    plan = rtcnorm.explain(op, (4096, n), dtype, residual=residual, device="cpu")["backward"]
+    assert plan["staged"] == staged and plan["cluster"] == cluster, plan
+    if staged:
+        tensors = 3 if residual else 2
+        assert plan["smem"] >= 2 * n // cluster * dtype.itemsize * tensors
+        assert not plan["split"] and plan["cached_row"]
+    old = rtcnorm.explain(op, (4096, n), dtype, residual=residual, device="cpu", arch="sm_80")["backward"]
+    assert old["cluster"] == 1 and (old["split"] or old["cached_row"])
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ OPS = ("rms_norm", "layer_norm")
 
 # Flag bits of kernels/common/params.cuh.
 HAS_WEIGHT, HAS_BIAS, ZERO_CENTERED, RESIDUAL, CACHED_ROW, KEEP_GAMMA = 1, 2, 4, 8, 16, 32
-GRAD_DH, WANT_DW, WANT_DB, SMEM_ROW = 64, 128, 256, 4096
+GRAD_DH, WANT_DW, WANT_DB, SMEM_ROW, STAGED_ROW = 64, 128, 256, 4096, 1 << 16
 CLUSTER_SHIFT = 14  # log2 of the CTAs of a thread-block cluster, in two bits
 
 # One row length per launch-plan class besides multi-warp (N=4096 covers it),
@@ -143,6 +143,24 @@ def test_every_flag_dtype_and_mode_compiles_for_sm_90(op, dtypes):
     assert all(k["flags"] & RESIDUAL and k["t"] == "float" for k in smem)
     assert bool(smem) == (op == "rms_norm" and torch.float32 in dtypes)
     assert any(k["flags"] & CACHED_ROW for k in fwd) and any(not k["flags"] & CACHED_ROW for k in fwd)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+@pytest.mark.parametrize("op", OPS)
+def test_staged_backward_compiles_on_every_arch(op, arch):
+    """16-bit backward rows of 7168+ elements are staged through shared memory
+    (cp.async, sm_80+), with and without the residual's dh; rows one CTA does
+    not cache become staged slices of an 8-CTA cluster on sm_90+ and keep the
+    split design before."""
+    kernels = compile_variants(op, [8192, 32768], [torch.bfloat16], [None], arch)
+    bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]
+    staged = [k for k in bwd if k["flags"] & STAGED_ROW]
+    assert all(k["flags"] & CACHED_ROW for k in staged)
+    assert {k["n"] for k in staged} == ({8192} if arch == "sm_80" else {8192, 32768})
+    assert all(((k["flags"] >> CLUSTER_SHIFT) & 3 == 3) == (k["n"] == 32768) for k in staged)
+    assert any(k["flags"] & GRAD_DH for k in staged) == (op == "rms_norm")
+    split = {k["n"] for k in kernels if k["kernel"] == f"{op}_bwd_cols"}
+    assert split == ({32768} if arch == "sm_80" else set())
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -26,6 +26,7 @@ constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr int kFuncAttrNumRegs = 4;
+constexpr int kFuncAttrSharedSizeBytes = 1;  // static shared memory
 constexpr int kStreamCaptureStatusNone = 0;
 constexpr int kLaunchAttrClusterDimension = 4;
 

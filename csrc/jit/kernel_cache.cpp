@@ -214,9 +214,15 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
   check_cu(d.cuModuleGetFunction(&k.fn, mod, image->lowered_name.c_str()), "cuModuleGetFunction");
   k.threads = key.threads();
   k.smem = dyn_smem;
-  TORCH_CHECK(dyn_smem <= static_cast<size_t>(s.info.max_smem_optin), "rtcnorm: kernel ", key.describe(), " needs ",
-              dyn_smem, " bytes of shared memory; the device allows ", s.info.max_smem_optin);
-  if (dyn_smem > 48 * 1024)
+  // Static and dynamic shared memory share one budget: past the default 48 KB
+  // in total the kernel must opt in (a 48 KB row cache plus the reduction
+  // scratch does).
+  int static_smem = 0;
+  check_cu(d.cuFuncGetAttribute(&static_smem, kFuncAttrSharedSizeBytes, k.fn), "cuFuncGetAttribute");
+  const size_t total_smem = dyn_smem + static_cast<size_t>(static_smem);
+  TORCH_CHECK(total_smem <= static_cast<size_t>(s.info.max_smem_optin), "rtcnorm: kernel ", key.describe(), " needs ",
+              total_smem, " bytes of shared memory; the device allows ", s.info.max_smem_optin);
+  if (total_smem > 48 * 1024)
     check_cu(d.cuFuncSetAttribute(k.fn, kFuncAttrMaxDynamicSharedSizeBytes, static_cast<int>(dyn_smem)),
              "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
   check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&k.blocks_per_sm, k.fn, k.threads, dyn_smem),

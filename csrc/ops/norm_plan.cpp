@@ -384,8 +384,29 @@ SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
   return g;
 }
 
-static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
-                                bool explain) {
+static int esize_of(const NormProblem& p) { return jit::element_size(p.dtype); }
+
+// What a caller asks of a CTA's backward plan beyond the rules below: the
+// elements a thread caches (0: the rule) and whether its rows are staged
+// through shared memory (the cluster slices of 16-bit rows).
+struct BwdCtaHint {
+  int cache_elems = 0;
+  bool staged = false;
+};
+
+// H100 kernel-only sweep (benchmarks/NOTES.md, entry 20): staging 16-bit rows
+// of 7168+ elements through shared memory gains 2-13% over registers
+// (RMSNorm 4096x16384 1962 -> 2142 GB/s, 16384x7168 2265 -> 2406, LayerNorm
+// 16384x8192 2414 -> 2542); narrower rows lose 5-10% (RMSNorm 16384x4096 2613
+// -> 2416) and float32 rows lose 9-20%. Beside the residual's dh (three
+// tensors in the ring) N = 8192 lost 5% (16384x8192 2862 -> 2707) and 16384
+// gained 13% (4096x16384 2145 -> 2427).
+static bool stage_rule(const NormProblem& p, bool grad_dh) {
+  return esize_of(p) == 2 && (grad_dh ? p.hidden > 8192 : p.hidden >= 7168);
+}
+
+static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain,
+                                BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
   const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
@@ -394,7 +415,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // bf16 2295 -> 2649 GB/s at 16, fp32 1988 -> 2881); at 16384 16 elements
   // would take 1024-thread CTAs of 64 registers (fp32 2192 -> 1923).
   const bool wide_rms = p.kind == kRmsNorm && p.hidden > 8192 && p.hidden <= 16384;
-  const int kBwdCacheElems = pick(t.bwd_cache_elems, narrow ? 8 : (wide_rms ? 32 : 16));
+  const int kBwdCacheElems = pick(t.bwd_cache_elems, pick(hint.cache_elems, narrow ? 8 : (wide_rms ? 32 : 16)));
   NormBwdPlan plan;
   const int vec = choose_vec(p);
   const int64_t nvec = p.hidden / vec;
@@ -436,16 +457,30 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // 7168 2168 -> 2382); three rows of 160 threads (N = 2560) lost 12%.
   // Evict-first stores help wide rows and narrow LayerNorm rows.
   const bool lone_cta = threads < 512 && min_blocks == 1 && rows <= 2;
-  const bool prefetch_next = plan.cached && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta);
+  // The staging ring (kStagedRow): two stages of the CTA's rows of x, dy and
+  // dh, in 16-byte vectors; it must fit the CTA's shared memory.
+  const int64_t ring = 2 * int64_t(rows) * p.hidden * esize_of(p) * (grad_dh ? 3 : 2);
+  const bool staged = plan.cached && vec * esize_of(p) % 16 == 0 && ring <= max_smem_per_block(arch) &&
+                      pick(t.bwd_stage, hint.staged || stage_rule(p, grad_dh) ? 2 : 1) == 2;
+  if (staged) plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(ring));
+  const bool prefetch_next = plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta);
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
-            (plan.cached ? kCachedRow : 0u) | (grad_dh ? kGradDh : 0u) | (want_dw ? kWantDw : 0u) |
-            (want_db ? kWantDb : 0u) | hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
-  k.variant = static_cast<int16_t>(min_blocks);
+            (plan.cached ? kCachedRow : 0u) | (staged ? kStagedRow : 0u) | (grad_dh ? kGradDh : 0u) |
+            (want_dw ? kWantDw : 0u) | (want_db ? kWantDb : 0u) |
+            hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
+  // A ring allows no more CTAs per SM than fit its shared memory.
+  k.variant = static_cast<int16_t>(
+      staged ? std::max<int64_t>(1, std::min<int64_t>(min_blocks, max_smem_per_block(arch) / ring)) : min_blocks);
   plan.key = k;
   Reason why(explain ? &plan.reason : nullptr);
-  why << (plan.cached ? "x and dy kept in registers, dW partials in registers"
-                      : "row streamed twice, dW partials accumulated in the CTA's own partial row")
-      << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
+  if (staged)
+    why << "x and dy staged through a two-stage shared-memory ring (" << ring / 1024
+        << " KB, the next row's copies in flight), dW partials in registers";
+  else if (plan.cached)
+    why << "x and dy kept in registers, dW partials in registers";
+  else
+    why << "row streamed twice, dW partials accumulated in the CTA's own partial row";
+  why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << "; grid = SMs x occupancy, one fp32 partial row per CTA";
   why.finish();
   return plan;
@@ -464,14 +499,21 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
 //   design (H200, RMSNorm 2048x32768 2284 -> 3127, LayerNorm 4096x16384
 //   2243 -> 3228) and RMSNorm's one-CTA rows of 16384, which spill 400
 //   bytes (2466 -> 3262; H100 2121 -> 2527). 16-bit rows carry half the
-//   bytes per barrier and did not beat the split design (H200 -4% to -22%,
-//   H100 -10% to +12%) or one CTA (RMSNorm 4096x16384: 2293 -> 2201).
+//   bytes per barrier and did not beat the split design with one row per
+//   barrier (H200 -4% to -22%, H100 -10% to +12%); staged through shared
+//   memory, 32 elements a thread, slices of 4096 elements (several rows
+//   per CTA, so per barrier) they do (entry 20, H100: RMSNorm 2048x32768
+//   1549 -> 1957 GB/s, 1024x65536 1536 -> 1859; LayerNorm 1491 -> 2011,
+//   1446 -> 1815, 4096x16384 1535 -> 2029). Rows of 131072 (slices of
+//   16384) stay split: no cluster plan beat it there.
 constexpr int kMaxCluster = 8;  // the portable cluster size
 // Widest slice the rule splits a row down to: the forward's best register
 // rows are 16-32 KB (RMSNorm / LayerNorm 4096x16384 bf16: 96-97% of copy),
 // the backward's 8192 elements (16 per thread at 512 threads).
 constexpr int64_t kFwdSliceBytes = 32 * 1024;
 constexpr int64_t kBwdSliceElems = 8192;
+constexpr int64_t kBwd16SliceElems = 4096;
+constexpr int kBwd16CacheElems = 32;
 
 // CTAs per cluster for a row of `units` (bytes or elements) cut into slices
 // of at most `slice` units (at most kMaxCluster of them); an override of 2-8
@@ -522,13 +564,18 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
   const int forced = norm_tuning().bwd_cluster;
   NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, arch, explain);
-  const bool rule = jit::element_size(p.dtype) == 4 && p.hidden > kBwdSliceElems;
+  // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
+  // past 8192) become staged slices.
+  const bool wide16 = esize_of(p) == 2 && !plan.cached;
+  const bool rule = esize_of(p) == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= kMaxCluster * kBwdSliceElems;
   if (forced == 1 || (forced == 0 && !rule)) return plan;
-  const int cl = cluster_size(forced, p.hidden, kBwdSliceElems, p.hidden / choose_vec(p), arch);
+  const int cl =
+      cluster_size(forced, p.hidden, wide16 ? kBwd16SliceElems : kBwdSliceElems, p.hidden / choose_vec(p), arch);
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
-  const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain);
+  const BwdCtaHint hint = wide16 ? BwdCtaHint{kBwd16CacheElems, true} : BwdCtaHint{};
+  const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain, hint);
   return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
 

@@ -45,14 +45,14 @@ struct NormFwdPlan {
 };
 
 struct NormBwdPlan {
-  jit::KernelKey key;  // the persistent kernel, or the split design's column kernel
-  bool cached = false;
+  jit::KernelKey key;   // the persistent kernel, or the split design's column kernel
+  bool cached = false;  // x and dy read once: kept in registers, or staged in shared memory (kStagedRow)
   // Rows too long for registers: a per-row coefficient kernel (coef_key),
   // then a column-split kernel over row tiles (key); see norm_bwd_split.cuh.
   bool split = false;
   jit::KernelKey coef_key;
   int64_t row_blocks = 0;
-  size_t smem = 0;  // dynamic shared memory for the CTA's partial-row combine
+  size_t smem = 0;  // dynamic shared memory: the staging ring, or the CTA's partial-row combine (the larger)
   std::string reason;
 };
 

@@ -43,6 +43,9 @@ struct NormTuning {
   // 2 / 4 / 8 = that many wherever the row divides and each slice caches.
   int fwd_cluster = 0;
   int bwd_cluster = 0;
+  // Backward cached rows: 1 = x and dy in registers, 2 = staged through a
+  // shared-memory ring by cp.async wherever it fits (kStagedRow).
+  int bwd_stage = 0;
 };
 
 NormTuning& norm_tuning();

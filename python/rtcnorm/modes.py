@@ -29,8 +29,16 @@ sm_90 and newer across a thread-block cluster of up to 8 CTAs, each caching
 a slice of at most 32 KB, whose statistics meet through distributed shared
 memory (``explain(...)["cluster"]`` CTAs per row): x is still read once. On
 older GPUs, and for rows too wide even for 8 slices, they are re-read in
-every mode. The backward splits float32 rows of more than 8192 elements the
-same way.
+every mode.
+
+The backward (one design whatever the forward mode) keeps each row's x and dy
+on chip too: in registers, or, for 16-bit rows of 7168 elements or more,
+staged through a two-stage shared-memory ring whose next row is already
+being copied while the current one is reduced (``explain(...)["backward"]
+["staged"]``). On sm_90 and newer it splits float32 rows of more than 8192
+elements, and 16-bit rows of up to 65536 that one CTA does not hold, across a
+cluster the same way (16-bit slices of 4096 elements, staged). Wider rows
+run a split design that streams them twice.
 """
 
 _OPS = ("rms_norm", "layer_norm")

@@ -22,8 +22,17 @@
 //   this kernel wrote it).
 // - kPrefetchNext (cached rows only): while a CTA reduces and writes row block
 //   rb it has L2 fetch row block rb + gridDim.x, which it loads next.
+// - kStagedRow (cached rows only): instead of registers, x, dy and dh of a
+//   row live in a two-stage ring in dynamic shared memory, filled by
+//   cp.async. Row block rb + gridDim.x is copied into one stage while the CTA
+//   reduces and writes rb from the other, so loads stay in flight across the
+//   row's barriers. Each thread copies exactly the vectors it reads back, so
+//   the ring needs no barrier of its own; it is ROWS * (N / CL) * sizeof(T)
+//   * (2 or 3 tensors) * 2 stages bytes, with 16-byte vectors.
 // - Dynamic shared memory holds bundles * N floats when a CTA combines more
-//   than one bundle (see kBundles); the host sizes it with the same formula.
+//   than one bundle (see kBundles); the host sizes it with the same formula,
+//   as the larger of that and the ring (the combine runs after the ring's
+//   last read).
 // - A cluster of CL CTAs (kClusterBits, cached rows only) splits every row
 //   into CL column slices as in the forward: each CTA keeps x, dy and the dW
 //   accumulators of its slice, the row sums meet through the cluster, and
@@ -139,14 +148,17 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr bool kEven = kVecs % kChunk == 0;
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
-  constexpr bool kNext = kCached && (FLAGS & kPrefetchNext) != 0;
+  constexpr bool kStaged = (FLAGS & kStagedRow) != 0;
+  constexpr bool kNext = kCached && !kStaged && (FLAGS & kPrefetchNext) != 0;
+  constexpr bool kRegs = kCached && !kStaged;  // x and dy kept in registers
   constexpr float kInvN = 1.f / static_cast<float>(N);
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(kCached || ROWS == 1, "streamed rows accumulate in global memory: one row per CTA");
   static_assert(N % (VEC * kCl) == 0, "a cluster splits a row into equal slices of whole vectors");
   static_assert(kCl == 1 || kCached, "a cluster splits rows it caches in registers");
+  static_assert(!kStaged || kCached, "staged rows are cached rows");
 
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
   __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
   const int lane = threadIdx.x % TPR;
@@ -160,6 +172,32 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   T* dx = static_cast<T*>(p.dx);
   float* pw = p.partial_w + cluster * N + col0;
   float* pb = p.partial_b + cluster * N + col0;
+
+  // The staging ring: stage s, tensor t (x, dy, dh) of this group's row.
+  constexpr int kTensors = kDh ? 3 : 2;
+  PT* const ring = reinterpret_cast<PT*>(smem) + group * kVecs;
+  const auto staged = [&](int stage, int tensor) { return ring + (stage * kTensors + tensor) * ROWS * kVecs; };
+  // Starts the copies of row block rb's row into `stage` (none past the end)
+  // and closes the group, so every thread commits one group per row block.
+  const auto stage_row = [&](long long rb, int stage) {
+    if constexpr (kStaged) {  // (the lambda is compiled in every variant)
+      const long long row = rb * ROWS + group;
+      if (rb < p.row_blocks && row < p.rows) {
+        const long long xo = row_offset(p.x_map, row) + col0, go = row * N + col0;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int v = i * TPR + lane;
+          if (!(kEven || v < kVecs)) continue;
+          cp_async(staged(stage, 0) + v, reinterpret_cast<const PT*>(x + xo) + v);
+          cp_async(staged(stage, 1) + v, reinterpret_cast<const PT*>(dy + go) + v);
+          if constexpr (kDh) cp_async(staged(stage, 2) + v, reinterpret_cast<const PT*>(dh + go) + v);
+        }
+      }
+      cp_async_commit();
+    }
+  };
+  int stage = 0;
+  if constexpr (kStaged) stage_row(cluster, 0);
 
   float dw_acc[kCached && kDw ? NV : 1][VEC];
   float db_acc[kCached && kDb ? NV : 1][VEC];
@@ -182,7 +220,11 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     const float mean = (KIND == kLayerNorm && row_ok) ? p.mean[row] : 0.f;
     const bool first_row = rb == cluster;
 
-    PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];
+    if constexpr (kStaged) {
+      stage_row(rb + clusters, stage ^ 1);
+      cp_async_wait<1>();  // this row's copies have landed; the next row's fly
+    }
+    PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];  // filled when kRegs
     Sum2 s = {0.f, 0.f};
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
@@ -191,8 +233,13 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
-        xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
-        dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
+        if constexpr (kStaged) {
+          xv[i] = staged(stage, 0)[v];
+          dv[i] = staged(stage, 1)[v];
+        } else {
+          xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
+          dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
+        }
       }
       if constexpr (kNext) {
         const long long next = (rb + clusters) * ROWS + group;
@@ -207,7 +254,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
         add_row_terms<T, W, VEC, FLAGS>(p.weight, vbase + v, xv[i], dv[i], mean, rstd, s);
-        if constexpr (kCached) {
+        if constexpr (kRegs) {
           xc[i] = xv[i];
           dyc[i] = dv[i];
         }
@@ -221,11 +268,14 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       // other CTAs arrive (a lone CTA does it beside dx, below).
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        if (!row_ok || !(kEven || i * TPR + lane < kVecs)) continue;
+        const int v = i * TPR + lane;
+        if (!row_ok || !(kEven || v < kVecs)) continue;
+        const PT xv = kStaged ? staged(stage, 0)[v] : xc[i];
         float xhat[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) xhat[j] = (to_float(xc[i].e[j]) - mean) * rstd;
-        add_affine_grads<T, VEC, kDw, kDb>(dyc[i], xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
+        for (int j = 0; j < VEC; ++j) xhat[j] = (to_float(xv.e[j]) - mean) * rstd;
+        add_affine_grads<T, VEC, kDw, kDb>(kStaged ? staged(stage, 1)[v] : dyc[i], xhat, dw_acc[kDw ? i : 0],
+                                           db_acc[kDb ? i : 0]);
       }
     }
     s = cluster_collect<kCl, ROWS>(s, cscratch, calls++, group);
@@ -239,7 +289,10 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
         PT xv, dv;
-        if constexpr (kCached) {
+        if constexpr (kStaged) {
+          xv = staged(stage, 0)[v];
+          dv = staged(stage, 1)[v];
+        } else if constexpr (kCached) {
           xv = xc[i];
           dv = dyc[i];
         } else {
@@ -250,7 +303,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
         float dhv[VEC];
         if constexpr (kDh) {
-          to_floats<T, VEC>(load_nc<T, VEC>(dh, goff + 1LL * v * VEC), dhv);
+          to_floats<T, VEC>(kStaged ? staged(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC), dhv);
         }
         float out[VEC], xhat[VEC];
 #pragma unroll
@@ -296,9 +349,11 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         }
       }
     }
+    stage ^= 1;
   }
 
   cluster_exit<kCl>();
+  if constexpr (kStaged) __syncthreads();  // the partial-row combine reuses the ring
   if constexpr (kCached && kDw) write_partial_row<kSlice, VEC, TPR, ROWS, NV>(dw_acc, pw, smem);
   if constexpr (kCached && kDb) write_partial_row<kSlice, VEC, TPR, ROWS, NV>(db_acc, pb, smem);
 }

@@ -40,6 +40,10 @@ enum NormFlags : unsigned {
   // (0: one CTA per row group; 1..3: clusters of 2, 4 or 8, sm_90+). See
   // common/cluster.cuh; the host launches with the same cluster shape.
   kClusterBits = 3u << 14,
+  // backward, cached rows: x, dy (and dh) are staged through a two-stage ring
+  // in dynamic shared memory by cp.async, the next row block's copies in
+  // flight while the CTA reduces and writes the current one.
+  kStagedRow = 1u << 16,
 };
 constexpr int kClusterShift = 14;
 

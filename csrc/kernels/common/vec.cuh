@@ -181,6 +181,27 @@ __device__ __forceinline__ void store(T* base, long long elem_offset, const Pack
   }
 }
 
+// Asynchronous global -> shared copy of one Pack (cp.async, sm_80+), in
+// 16-byte pieces that bypass L1 (.cg). The data lands while the thread goes
+// on; cp_async_commit closes the thread's current group of copies and
+// cp_async_wait<K> returns once at most K of its groups are still in flight.
+// Completion is per thread: a thread that reads back only the vectors it
+// copied itself needs no barrier. Both addresses must be 16-byte aligned.
+template <typename P>
+__device__ __forceinline__ void cp_async(P* dst, const P* src) {
+  static_assert(sizeof(P) % 16 == 0, "cp.async stages whole 16-byte pieces");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const char* g = reinterpret_cast<const char*>(src);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(P)); k += 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s + k), "l"(g + k) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int K>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory");
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void to_floats(const Pack<T, VEC>& p, float (&f)[VEC]) {
 #pragma unroll
