@@ -158,7 +158,8 @@ def test_staged_backward_compiles_on_every_arch(op, arch):
     assert all(k["flags"] & CACHED_ROW for k in staged)
     assert {k["n"] for k in staged} == ({8192} if arch == "sm_80" else {8192, 32768})
     assert all(((k["flags"] >> CLUSTER_SHIFT) & 3 == 3) == (k["n"] == 32768) for k in staged)
-    assert any(k["flags"] & GRAD_DH for k in staged) == (op == "rms_norm")
+    # dh beside a one-CTA row is staged past 8192 elements: here only in RMSNorm's slices.
+    assert any(k["flags"] & GRAD_DH for k in staged) == (op == "rms_norm" and arch != "sm_80")
     split = {k["n"] for k in kernels if k["kernel"] == f"{op}_bwd_cols"}
     assert split == ({32768} if arch == "sm_80" else set())
 
