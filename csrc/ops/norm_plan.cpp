@@ -32,6 +32,12 @@ std::string column_reduce_expression(const KernelKey& k) {
 // gets 32 registers and spills its cached row (measured: 3478 -> 1487 GB/s).
 int min_blocks_for(int threads, int requested) { return std::max(1, std::min(requested, 1024 / threads)); }
 
+// Launch-bounds CTAs per SM for a kernel whose CTAs each take `smem` bytes of
+// dynamic shared memory: no more than fit the opt-in budget, at least one.
+static int smem_capped_blocks(int min_blocks, int64_t smem, int arch) {
+  return static_cast<int>(std::min<int64_t>(min_blocks, std::max<int64_t>(1, max_smem_per_block(arch) / smem)));
+}
+
 const KernelFamily* fwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormFwd : &kLayerNormFwd; }
 const KernelFamily* bwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwd : &kLayerNormBwd; }
 
@@ -316,7 +322,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // registers (one CTA per SM): 1441 -> 1728 GB/s at LayerNorm 2048x32768.
   const bool wide_affine = in_smem && p.has_bias && jit::element_size(p.wdtype) > esize;
   int min_blocks = in_regs && !narrow ? reg_min_blocks : pick(t.fwd_min_blocks, wide_affine ? 1 : 4);
-  if (in_smem) min_blocks = std::min<int64_t>(min_blocks, std::max<int64_t>(1, max_smem_per_block(arch) / plan.smem));
+  if (in_smem) min_blocks = smem_capped_blocks(min_blocks, static_cast<int64_t>(plan.smem), arch);
   k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, min_blocks));
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
@@ -384,8 +390,6 @@ SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
   return g;
 }
 
-static int esize_of(const NormProblem& p) { return jit::element_size(p.dtype); }
-
 // What a caller asks of a CTA's backward plan beyond the rules below: the
 // elements a thread caches (0: the rule) and whether its rows are staged
 // through shared memory (the cluster slices of 16-bit rows).
@@ -402,7 +406,7 @@ struct BwdCtaHint {
 // tensors in the ring) N = 8192 lost 5% (16384x8192 2862 -> 2707) and 16384
 // gained 13% (4096x16384 2145 -> 2427).
 static bool stage_rule(const NormProblem& p, bool grad_dh) {
-  return esize_of(p) == 2 && (grad_dh ? p.hidden > 8192 : p.hidden >= 7168);
+  return jit::element_size(p.dtype) == 2 && (grad_dh ? p.hidden > 8192 : p.hidden >= 7168);
 }
 
 static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain,
@@ -459,8 +463,9 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   const bool lone_cta = threads < 512 && min_blocks == 1 && rows <= 2;
   // The staging ring (kStagedRow): two stages of the CTA's rows of x, dy and
   // dh, in 16-byte vectors; it must fit the CTA's shared memory.
-  const int64_t ring = 2 * int64_t(rows) * p.hidden * esize_of(p) * (grad_dh ? 3 : 2);
-  const bool staged = plan.cached && vec * esize_of(p) % 16 == 0 && ring <= max_smem_per_block(arch) &&
+  const int esize = jit::element_size(p.dtype);
+  const int64_t ring = 2 * int64_t(rows) * p.hidden * esize * (grad_dh ? 3 : 2);
+  const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= max_smem_per_block(arch) &&
                       pick(t.bwd_stage, hint.staged || stage_rule(p, grad_dh) ? 2 : 1) == 2;
   if (staged) plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(ring));
   const bool prefetch_next = plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta);
@@ -469,8 +474,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
             (want_dw ? kWantDw : 0u) | (want_db ? kWantDb : 0u) |
             hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
   // A ring allows no more CTAs per SM than fit its shared memory.
-  k.variant = static_cast<int16_t>(
-      staged ? std::max<int64_t>(1, std::min<int64_t>(min_blocks, max_smem_per_block(arch) / ring)) : min_blocks);
+  k.variant = static_cast<int16_t>(staged ? smem_capped_blocks(min_blocks, ring, arch) : min_blocks);
   plan.key = k;
   Reason why(explain ? &plan.reason : nullptr);
   if (staged)
@@ -566,8 +570,9 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, arch, explain);
   // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
   // past 8192) become staged slices.
-  const bool wide16 = esize_of(p) == 2 && !plan.cached;
-  const bool rule = esize_of(p) == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= kMaxCluster * kBwdSliceElems;
+  const int esize = jit::element_size(p.dtype);
+  const bool wide16 = esize == 2 && !plan.cached;
+  const bool rule = esize == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= kMaxCluster * kBwdSliceElems;
   if (forced == 1 || (forced == 0 && !rule)) return plan;
   const int cl =
       cluster_size(forced, p.hidden, wide16 ? kBwd16SliceElems : kBwdSliceElems, p.hidden / choose_vec(p), arch);
