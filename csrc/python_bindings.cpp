@@ -72,6 +72,7 @@ constexpr Tunable kTunables[] = {
     {"fwd_cluster", &NormTuning::fwd_cluster, 8},
     {"bwd_cluster", &NormTuning::bwd_cluster, 8},
     {"bwd_stage", &NormTuning::bwd_stage, 2},
+    {"bwd_min_row_blocks", &NormTuning::bwd_min_row_blocks, kNoCap},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -183,6 +184,23 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["cluster"] = b.key.cluster;
   bd["staged"] = (b.key.flags & kStagedRow) != 0;
   bd["smem"] = b.smem;
+  if (!b.split) {
+    bd["row_blocks"] = b.row_blocks;
+    const int64_t cap = bwd_max_units(b, sm_count);
+    if (cap < b.row_blocks) {
+      bd["max_ctas"] = cap * b.key.cluster;
+      bd["reason"] = b.reason + "; the grid is also capped at max(SMs / 2, row blocks / 8) = " + std::to_string(cap) +
+                     " CTAs, which binds when rows are few: fewer fp32 partial rows to write and reduce";
+    }
+    if (device >= 0 && rows > 0) {
+      const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);
+      bd["grid"] = norm_grid(b.row_blocks, true, sm_count, k, cap);
+    } else {
+      // Resident CTAs are known only once the kernel is loaded on a device.
+      bd["grid"] = py::cast(b.key.cluster > 1 ? "resident clusters x cluster size (resolved at launch)"
+                                              : "SMs x occupancy, at most max_ctas (resolved at launch)");
+    }
+  }
   d["backward"] = bd;
   return d;
 }

@@ -257,6 +257,28 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
         check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
+@pytest.mark.parametrize(
+    ("n", "dtype", "variant", "min_row_blocks"),
+    [(8192, torch.bfloat16, "weight", 0), (12288, torch.float16, "residual", 2), (1024, torch.bfloat16, "mixed", 7),
+     (8192, torch.float32, "zero_centered", 3), (32768, torch.bfloat16, "weight", 3)],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_on_a_capped_grid(op, n, dtype, variant, min_row_blocks, poison):
+    """The backward on fewer CTAs than resident, each taking several row blocks
+    (the staged rule's cap, or forced on register and cluster rows), matches
+    the reference, contiguous and row-strided."""
+    if n > 16384 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("16-bit rows past 16384 are cluster slices only on sm_90+")
+    if op == "layer_norm" and variant == "residual":
+        variant = "weight_bias"
+    m = 203
+    with _tuning.override(bwd_min_row_blocks=min_row_blocks):
+        plan = rtcnorm.explain(op, (m, n), dtype, residual=variant == "residual", device="cuda")["backward"]
+        assert plan.get("max_ctas") is not None and plan["grid"] <= plan["max_ctas"], plan
+        assert plan["max_ctas"] // plan["cluster"] < plan["row_blocks"], plan
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_a_kernel_loaded_on_one_device_is_loaded_again_for_another(op):

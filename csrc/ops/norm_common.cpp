@@ -163,12 +163,14 @@ at::ScalarType stat_dtype(const at::Tensor& input) {
 
 at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, like.options()); }
 
-int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k) {
+int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units) {
   const int64_t cl = k.cluster;
   int64_t units = row_blocks;
-  if (persistent)
+  if (persistent) {
     units = cl > 1 ? std::max<int64_t>(1, std::min<int64_t>(row_blocks, k.max_clusters))
                    : persistent_grid(row_blocks, sm_count, k.blocks_per_sm);
+    units = std::max<int64_t>(1, std::min(units, max_units));
+  }
   return std::min<int64_t>(units, std::numeric_limits<int32_t>::max() / cl) * cl;
 }
 
@@ -310,7 +312,9 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.
   SplitGrid split;
   if (plan.split) split = split_grid(plan, d.rows, info.sm_count);
-  const int64_t grid = plan.split ? split.col_tiles : norm_grid(plan.row_blocks, true, info.sm_count, k);
+  const int64_t grid = plan.split
+                           ? split.col_tiles
+                           : norm_grid(plan.row_blocks, true, info.sm_count, k, bwd_max_units(plan, info.sm_count));
   const int64_t parts = plan.split ? split.row_tiles : grid / k.cluster;
   at::Tensor pw, pb, coef;
   if (want_dw) pw = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));

@@ -584,6 +584,29 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
 
+// H100 kernel-only sweep (benchmarks/NOTES.md, entry 22): every persistent
+// CTA writes a fp32 partial row (4 bytes a column per output) that the column
+// reduce reads back. A staged one-CTA row (x and dy through the shared-memory
+// ring) with fewer rows than resident CTAs gets a CTA per row, and the
+// partials then rival the rows' own traffic (256x8192 bf16 RMSNorm: 8 MB
+// beside 12.6 MB). About SMs / 2 CTAs, each taking several rows through the
+// ring, was best up to 1024 rows (RMSNorm 256x8192 30.9 -> 26.1 us, 512x8192
+// 36.2 -> 31.9; LayerNorm 128x8192 42.7 -> 34.0, 256x8192 45.5 -> 37.2).
+// Register rows (256x4096: 13.0 us uncapped, 15.2 at half the CTAs) and
+// cluster rows (128x32768: 34.2 -> 37.6) lost with fewer CTAs: they keep the
+// resident grid.
+constexpr int64_t kStagedRowBlocksPerCta = 8;
+
+int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count) {
+  constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max();
+  if (plan.split) return kNoCap;
+  const int forced = norm_tuning().bwd_min_row_blocks;
+  if (forced > 0) return ceil_div(plan.row_blocks, forced);
+  const bool staged = (plan.key.flags & kStagedRow) != 0;
+  if (!staged || plan.key.cluster > 1) return kNoCap;
+  return std::max<int64_t>(std::max(1, sm_count / 2), ceil_div(plan.row_blocks, kStagedRowBlocksPerCta));
+}
+
 KernelKey column_reduce_key(DType out, int arch) {
   KernelKey k;
   k.family = &kColumnReduce;

@@ -76,6 +76,11 @@ SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count);
 // than row blocks (each CTA must own at least one row block).
 int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
 
+// The most CTAs (clusters) the backward's persistent grid may have: fewer
+// than resident where rows are few, so that fewer fp32 partial rows are
+// written and reduced (the rule is in norm_plan.cpp).
+int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count);
+
 // Kernel families, for callers that enumerate keys (precompile).
 extern const jit::KernelFamily kRmsNormFwd, kRmsNormBwd, kLayerNormFwd, kLayerNormBwd, kColumnReduce;
 extern const jit::KernelFamily kRmsNormBwdCoef, kRmsNormBwdCols, kLayerNormBwdCoef, kLayerNormBwdCols;

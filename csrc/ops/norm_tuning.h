@@ -46,6 +46,9 @@ struct NormTuning {
   // Backward cached rows: 1 = x and dy in registers, 2 = staged through a
   // shared-memory ring by cp.async wherever it fits (kStagedRow).
   int bwd_stage = 0;
+  // Backward persistent grid: the fewest row blocks each CTA (cluster) owns,
+  // so that its fp32 partial row stays small beside the rows it reads.
+  int bwd_min_row_blocks = 0;
 };
 
 NormTuning& norm_tuning();
