@@ -87,6 +87,15 @@ void put_launch(py::dict& d, const jit::KernelKey& k, int64_t row_blocks) {
   d["cluster"] = k.cluster;
 }
 
+// A persistent grid without a device: resident CTAs are known only once the
+// kernel is loaded on one.
+const char* unresolved_grid(const jit::KernelKey& k, bool capped) {
+  if (k.cluster > 1)
+    return capped ? "resident clusters x cluster size, at most max_ctas (resolved at launch)"
+                  : "resident clusters x cluster size (resolved at launch)";
+  return capped ? "SMs x occupancy, at most max_ctas (resolved at launch)" : "SMs x occupancy (resolved at launch)";
+}
+
 py::dict stats_dict() {
   const jit::JitStats s = jit::stats();
   py::dict d;
@@ -165,9 +174,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     d["registers"] = k.registers;
     d["grid"] = norm_grid(f.row_blocks, f.persistent, sm_count, k);
   } else {
-    d["grid"] = f.persistent ? py::cast(f.key.cluster > 1 ? "resident clusters x cluster size (resolved at launch)"
-                                                          : "SMs x occupancy (resolved at launch)")
-                             : py::cast(f.row_blocks * f.key.cluster);
+    d["grid"] = f.persistent ? py::cast(unresolved_grid(f.key, false)) : py::cast(f.row_blocks * f.key.cluster);
   }
   py::dict bd;
   bd["reason"] = b.reason;
@@ -186,19 +193,18 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["smem"] = b.smem;
   if (!b.split) {
     bd["row_blocks"] = b.row_blocks;
-    const int64_t cap = bwd_max_units(b, sm_count);
-    if (cap < b.row_blocks) {
+    std::string cap_why;
+    const int64_t cap = bwd_max_units(b, sm_count, &cap_why);
+    const bool capped = cap < b.row_blocks;
+    if (capped) {
       bd["max_ctas"] = cap * b.key.cluster;
-      bd["reason"] = b.reason + "; the grid is also capped at max(SMs / 2, row blocks / 8) = " + std::to_string(cap) +
-                     " CTAs, which binds when rows are few: fewer fp32 partial rows to write and reduce";
+      bd["reason"] = b.reason + cap_why;
     }
     if (device >= 0 && rows > 0) {
       const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);
       bd["grid"] = norm_grid(b.row_blocks, true, sm_count, k, cap);
     } else {
-      // Resident CTAs are known only once the kernel is loaded on a device.
-      bd["grid"] = py::cast(b.key.cluster > 1 ? "resident clusters x cluster size (resolved at launch)"
-                                              : "SMs x occupancy, at most max_ctas (resolved at launch)");
+      bd["grid"] = py::cast(unresolved_grid(b.key, capped));
     }
   }
   d["backward"] = bd;

@@ -597,14 +597,21 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
 // resident grid.
 constexpr int64_t kStagedRowBlocksPerCta = 8;
 
-int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count) {
+int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why) {
   constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max();
   if (plan.split) return kNoCap;
   const int forced = norm_tuning().bwd_min_row_blocks;
-  if (forced > 0) return ceil_div(plan.row_blocks, forced);
   const bool staged = (plan.key.flags & kStagedRow) != 0;
-  if (!staged || plan.key.cluster > 1) return kNoCap;
-  return std::max<int64_t>(std::max(1, sm_count / 2), ceil_div(plan.row_blocks, kStagedRowBlocksPerCta));
+  if (forced <= 0 && (!staged || plan.key.cluster > 1)) return kNoCap;
+  const int64_t cap =
+      forced > 0 ? ceil_div(plan.row_blocks, forced)
+                 : std::max<int64_t>(std::max(1, sm_count / 2), ceil_div(plan.row_blocks, kStagedRowBlocksPerCta));
+  if (why != nullptr && cap < plan.row_blocks)
+    *why = forced > 0 ? "; the grid is also capped at ceil(row blocks / bwd_min_row_blocks) = " + std::to_string(cap) +
+                            (plan.key.cluster > 1 ? " clusters" : " CTAs") + ", by the tuning override"
+                      : "; the grid is also capped at max(SMs / 2, row blocks / 8) = " + std::to_string(cap) +
+                            " CTAs, which binds when rows are few: fewer fp32 partial rows to write and reduce";
+  return cap;
 }
 
 KernelKey column_reduce_key(DType out, int arch) {

@@ -78,8 +78,9 @@ int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
 
 // The most CTAs (clusters) the backward's persistent grid may have: fewer
 // than resident where rows are few, so that fewer fp32 partial rows are
-// written and reduced (the rule is in norm_plan.cpp).
-int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count);
+// written and reduced (the rule is in norm_plan.cpp). `why`, when given,
+// receives the reason text where the cap is below the row blocks.
+int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why = nullptr);
 
 // Kernel families, for callers that enumerate keys (precompile).
 extern const jit::KernelFamily kRmsNormFwd, kRmsNormBwd, kLayerNormFwd, kLayerNormBwd, kColumnReduce;
