@@ -183,6 +183,26 @@ def test_rows_cached_in_shared_memory(op, dtype, n, variant, mode, poison):
         check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
+@pytest.mark.parametrize("mode", [None, "static_persistent", "multi_wave_cached"], ids=lambda m: m or "auto")
+@pytest.mark.parametrize(
+    ("op", "n", "dtype", "variant", "tpr", "nv"),
+    [("layer_norm", 128, torch.bfloat16, "weight_bias", 4, 4), ("layer_norm", 320, torch.bfloat16, "zero_centered", 16, 3),
+     ("layer_norm", 512, torch.bfloat16, "mixed", 8, 8), ("layer_norm", 256, torch.float32, "no_affine", 16, 4),
+     ("layer_norm", 64, torch.float16, "bias", 4, 2), ("rms_norm", 512, torch.bfloat16, "mixed", 8, 8),
+     ("rms_norm", 448, torch.float16, "zero_centered", 8, 7), ("rms_norm", 512, torch.bfloat16, "no_weight", 8, 8)],
+)  # fmt: skip
+def test_narrow_rows_with_fuller_threads(op, n, dtype, variant, tpr, nv, mode, poison):
+    """Narrow forward rows at 2-8 vectors per thread (LayerNorm, and 16-bit rows
+    past 384 elements; N = 64 at the 4-thread floor) in 256-thread CTAs of 16-64
+    rows, with a partly filled last CTA, match the reference, contiguous and
+    row-strided."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m = 2 * sms * (256 // tpr) + 37  # enough CTAs for the rule to choose the fuller threads
+    plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, device="cuda")
+    assert (plan["threads_per_row"], plan["vecs_per_thread"], plan["block"]) == (tpr, nv, 256), plan
+    check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
+
+
 needs_clusters = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
     reason="thread-block clusters need sm_90+",

@@ -367,6 +367,33 @@ def test_backward_grid_cap_rule(op, shape, dtype, max_ctas):
 
 
 @pytest.mark.parametrize(
+    ("op", "shape", "dtype", "residual", "tpr", "nv", "mode"),
+    [("layer_norm", (262144, 128), BF16, False, 4, 4, "multi_wave_cached"),
+     ("layer_norm", (32768, 128), BF16, False, 4, 4, "static_persistent"),
+     ("layer_norm", (65536, 256), BF16, False, 8, 4, "multi_wave_cached"),
+     ("layer_norm", (16384, 512), BF16, False, 8, 8, "static_persistent"),
+     ("layer_norm", (65536, 512), BF16, False, 8, 8, "multi_wave_cached"),
+     ("layer_norm", (16384, 512), torch.float32, False, 32, 4, "multi_wave_cached"),
+     ("layer_norm", (4096, 512), BF16, False, 32, 2, "static_persistent"),  # 128 CTAs at 8: too few
+     ("layer_norm", (8192, 128), BF16, False, 8, 2, "static_persistent"),
+     ("layer_norm", (1024, 7), torch.float32, False, 4, 2, "static_persistent"),
+     ("rms_norm", (262144, 128), BF16, False, 8, 2, "multi_wave_cached"),
+     ("rms_norm", (65536, 256), BF16, False, 16, 2, "multi_wave_cached"),
+     ("rms_norm", (16384, 512), BF16, False, 8, 8, "static_persistent"),
+     ("rms_norm", (16384, 512), BF16, True, 32, 2, "static_persistent"),
+     ("rms_norm", (16384, 512), torch.float32, False, 64, 2, "multi_wave_cached")],
+)  # fmt: skip
+def test_narrow_forward_rows_vectors_per_thread(op, shape, dtype, residual, tpr, nv, mode):
+    """Narrow forward rows: 2 vectors per thread, 4 for LayerNorm, 8 for 16-bit
+    rows of more than 384 elements, unless a residual joins the row or the
+    fuller CTAs would number under two per SM; at least 4 threads per row.
+    Persistent up to 16 x SMs row blocks counted at 2 vectors per thread."""
+    plan = rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu", sm_count=132, arch="sm_90")
+    assert (plan["threads_per_row"], plan["vecs_per_thread"], plan["mode"]) == (tpr, nv, mode), plan
+    assert plan["block"] == 256 and plan["cached_row"]
+
+
+@pytest.mark.parametrize(
     ("n", "dtype", "threads", "elems"),
     [(8192, torch.bfloat16, 512, 16), (8192, torch.float32, 512, 16), (12288, torch.bfloat16, 384, 32),
      (16384, torch.bfloat16, 512, 32), (16384, torch.float32, 512, 32), (4096, torch.bfloat16, 256, 16)],

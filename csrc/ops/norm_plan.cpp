@@ -193,6 +193,29 @@ static bool affine_prefetch_rule(int override_value, const NormProblem& p, bool 
   return small_grid;
 }
 
+// Vectors per thread of a narrow forward row (H100 kernel-only sweep,
+// benchmarks/NOTES.md entry 24). Launch bounds hold a narrow CTA to 1024
+// threads per SM, so the bytes each thread has in flight set the rows in
+// flight. Two 16-byte vectors per thread is the base. LayerNorm, whose two
+// row reductions per row weigh more, takes 4 (bf16 65536x256: 1997 -> 2203
+// GB/s, 131072x384 1895 -> 2590); RMSNorm with 4 lost 2-5% at 65536-262144
+// rows of 128-256. 16-bit rows of more than 384 elements take 8 in either
+// op (16384x512: LayerNorm 1641 -> 2001, RMSNorm 1912 -> 2123). Neither
+// applies beside a residual (x and r in registers spill: 2222 -> 981) or
+// where the fewer, fuller CTAs would leave under two per SM (4096x512 lost
+// 22-28%). A row keeps at least 4 threads: at 2 (128 rows per CTA) N = 64
+// and 128 ran at 36-87% of the best.
+static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_threads) {
+  constexpr int kBase = 2, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2;
+  const bool wide16 = jit::element_size(p.dtype) == 2 && p.hidden > 384;
+  const int want = wide16 ? 8 : (p.kind == kLayerNorm ? 4 : kBase);
+  if (p.residual || want == kBase) return kBase;
+  const int64_t nvec = p.hidden / choose_vec(p);
+  const int nv = static_cast<int>(std::max<int64_t>(kBase, std::min<int64_t>(want, nvec / kMinThreadsPerRow)));
+  const int rows_per_cta = std::max(1, cta_threads / choose_tpr(nvec, nv));
+  return ceil_div(p.rows, rows_per_cta) >= int64_t(kMinBlocksPerSm) * sm_count ? nv : kBase;
+}
+
 // The plan for one CTA (or row group) per row; plan_norm_fwd may split the
 // row across a cluster of such CTAs instead.
 static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
@@ -200,11 +223,12 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const int kNarrowRow = pick(t.narrow_row, kDefaultNarrowRow);
   const bool narrow = p.hidden <= kNarrowRow;
   // H200 sweeps: wide rows want 8 x 16 B in flight per thread and 128-thread
-  // CTAs; narrow rows want 2 vectors per thread and many rows per CTA.
-  const int kFwdVecsTarget = pick(t.fwd_vecs_target, narrow ? 2 : 8);
+  // CTAs. Narrow rows share 256-thread CTAs; narrow_vecs_target gives their
+  // vectors per thread (H100 sweep, benchmarks/NOTES.md entry 24).
+  const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
+  const int kFwdVecsTarget = pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, kCtaThreads) : 8);
   // Raw row bytes a thread may keep: 128 B is 64 bf16 or 32 fp32 values.
   const int kFwdCacheBytes = pick(t.fwd_cache_bytes, 128);
-  const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
   NormFwdPlan plan;
   const int esize = jit::element_size(p.dtype);
   const int vec = choose_vec(p);
@@ -259,6 +283,12 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // there, ahead of persistent CTAs (2916 vs 2812).
   const bool low_residency = p.kind == kLayerNorm && reg_min_blocks * tpr * rows < 512;
 
+  // Narrow rows run persistent up to 16 row blocks per SM at 2 vectors per
+  // thread (H200 sweep); a CTA of fuller threads counts as nv_row / 2 blocks,
+  // so the same bytes of x switch it (H100: LayerNorm bf16 65536x512 at 8
+  // vectors, persistent 2211 GB/s, one CTA per row block 2485).
+  const bool narrow_persistent = plan.row_blocks * std::max(nv_row, 2) <= 2 * 16LL * sm_count;
+
   Reason why(explain ? &plan.reason : nullptr);
   NormMode mode = requested;
   if (mode == NormMode::kAuto) {
@@ -267,9 +297,10 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
       why << "row of " << p.hidden << " elements exceeds the register cache (" << kFwdCacheBytes
           << " bytes per thread at 1024 threads) and shared memory (" << max_smem_per_block(arch) / 1024
           << " KB per CTA on sm_" << arch << "), so x is re-read for the normalize pass";
-    } else if (narrow && plan.row_blocks <= 16LL * sm_count) {
+    } else if (narrow && narrow_persistent) {
       mode = NormMode::kStaticPersistent;
-      why << "narrow rows (N <= " << kNarrowRow << ") and at most 16 row blocks per SM: " << rows
+      why << "narrow rows (N <= " << kNarrowRow
+          << ") and at most 16 row blocks of 2 vectors per thread per SM: " << rows
           << " rows per CTA, persistent CTAs load gamma once";
     } else if (narrow) {
       mode = NormMode::kMultiWaveCached;

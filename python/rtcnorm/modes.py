@@ -10,7 +10,8 @@ MODES = ("static_persistent", "multi_wave_reload", "multi_wave_cached")
 """Valid values of `mode` besides None (None lets a heuristic choose).
 
 - ``static_persistent``: a grid of SMs x occupancy CTAs striding over rows.
-  For narrow rows gamma (and beta) stay in registers for the CTA's lifetime.
+  For narrow rows whose thread holds at most 16 gamma (and beta) values, they
+  stay in registers for the CTA's lifetime.
 - ``multi_wave_reload``: one CTA per block of rows; x is read once for the
   statistics and again for the normalize pass (the re-read mostly hits L2).
 - ``multi_wave_cached``: one CTA per block of rows; the row stays on chip
