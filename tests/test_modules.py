@@ -8,6 +8,7 @@ import copy
 import pytest
 import rtcnorm
 import torch
+import torch.autograd.forward_ad as fwad
 from norm_checks import randn
 from reference import assert_close
 from rtcnorm import _tuning
@@ -405,6 +406,44 @@ def test_rms_backward_caches_32_elements_only_above_8192(n, dtype, threads, elem
     kernel = rtcnorm.explain("rms_norm", (16384, n), dtype, device="cpu", arch="sm_80")["backward"]["kernel"]
     vec, tpr, _, nv = (int(f) for f in kernel.split(", ")[3:7])
     assert (tpr, vec * nv) == (threads, elems), kernel
+
+
+def _graph_cases():
+    """name -> (fn(x, w, b, r), the (x, w, b, r) it is called with, the indices it reads)."""
+    args = tuple(randn(s, torch.float32, "cpu") for s in ((4, 5, 32), (32,), (32,), (4, 5, 32)))
+    mask = torch.rand(4, 1, 32) > 0.5
+    return {
+        "rms_norm": (lambda x, w, b, r: rtcnorm.rms_norm(x, 32, w), args, {0, 1}),
+        "add_rms_norm": (lambda x, w, b, r: rtcnorm.rms_norm(x, 32, w, residual=r)[0], args, {0, 1, 3}),
+        "layer_norm": (lambda x, w, b, r: rtcnorm.layer_norm(x, 32, w, b), args, {0, 1, 2}),
+        "scaled_softmax": (lambda x, w, b, r: rtcnorm.scaled_softmax(x, 0.5), args, {0}),
+        "masked": (lambda x, w, b, r: rtcnorm.scaled_masked_softmax(x, mask, 0.5), args, {0}),
+        "causal": (lambda x, w, b, r: rtcnorm.scaled_upper_triang_masked_softmax(x[:, :, :5], 0.5), args, {0}),
+        "aligned": (lambda x, w, b, r: rtcnorm.scaled_aligned_causal_masked_softmax(x, 0.5), args, {0}),
+    }
+
+
+@pytest.mark.parametrize("case", list(_graph_cases()))
+def test_calls_that_need_no_graph_build_no_node(case):
+    """Under no_grad, or when no argument requires grad, an op runs below
+    autograd (no node is built), with outputs bitwise those of the recorded
+    call. Any one tensor argument that requires grad (the weight, bias or
+    residual alone too) records a node; a forward-mode tangent is still refused."""
+    fn, args, reads = _graph_cases()[case]
+    plain = fn(*args)
+    assert plain.grad_fn is None and not plain.requires_grad
+    for i in range(len(args)):
+        leaves = [a.clone().requires_grad_(j == i) for j, a in enumerate(args)]
+        recorded = fn(*leaves)
+        assert (recorded.grad_fn is not None) == (i in reads), (case, i)
+        with torch.no_grad():
+            unrecorded = fn(*leaves)
+        assert unrecorded.grad_fn is None and not unrecorded.requires_grad
+        assert torch.equal(unrecorded, recorded.detach()) and torch.equal(unrecorded, plain)
+    with fwad.dual_level(), torch.no_grad():
+        dual = fwad.make_dual(args[0], torch.ones_like(args[0]))
+        with pytest.raises(RuntimeError, match="jvp is not implemented"):
+            fn(dual, *args[1:])
 
 
 def test_explain_describes_mixed_dtypes_and_flags():

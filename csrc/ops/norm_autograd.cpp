@@ -9,6 +9,8 @@
 // - Statistics outputs (rstd, mean) are non-differentiable; an incoming
 //   gradient for them is ignored, and none is materialised.
 // - The weight's gradient is computed only when the weight requires it.
+// - A call that needs no node (needs_no_node) runs the op below autograd
+//   directly; its outputs are the same tensors the node would have returned.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -43,14 +45,27 @@ constexpr size_t kRmsWeightEdge = 1, kAddRmsWeightEdge = 2, kLnWeightEdge = 1;
 
 std::optional<Tensor> opt(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
 
+// The ops below autograd, found once.
+const c10::TypedOperatorHandle<RmsFwd>& rms_fwd() {
+  static const auto op = typed_op<RmsFwd>("rtcnorm::rms_norm");
+  return op;
+}
+const c10::TypedOperatorHandle<AddRmsFwd>& add_rms_fwd() {
+  static const auto op = typed_op<AddRmsFwd>("rtcnorm::add_rms_norm");
+  return op;
+}
+const c10::TypedOperatorHandle<LnFwd>& ln_fwd() {
+  static const auto op = typed_op<LnFwd>("rtcnorm::layer_norm");
+  return op;
+}
+
 class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& input, at::IntArrayRef normalized_shape,
                                const std::optional<Tensor>& weight, std::optional<double> eps,
                                std::optional<c10::string_view> mode, bool zero_centered) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = typed_op<RmsFwd>("rtcnorm::rms_norm");
-    auto [y, rstd] = fwd.call(input, normalized_shape, weight, eps, mode, zero_centered);
+    auto [y, rstd] = rms_fwd().call(input, normalized_shape, weight, eps, mode, zero_centered);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({input, weight.value_or(Tensor()), rstd});
     ctx->saved_data["shape"] = normalized_shape.vec();
@@ -75,8 +90,7 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
                                at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                                std::optional<double> eps, std::optional<c10::string_view> mode, bool zero_centered) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = typed_op<AddRmsFwd>("rtcnorm::add_rms_norm");
-    auto [y, h, rstd] = fwd.call(input, residual, normalized_shape, weight, eps, mode, zero_centered);
+    auto [y, h, rstd] = add_rms_fwd().call(input, residual, normalized_shape, weight, eps, mode, zero_centered);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({h, weight.value_or(Tensor()), rstd});
     ctx->saved_data["shape"] = normalized_shape.vec();
@@ -101,8 +115,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
                                const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, double eps,
                                std::optional<c10::string_view> mode, bool zero_centered) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = typed_op<LnFwd>("rtcnorm::layer_norm");
-    auto [y, mean, rstd] = fwd.call(input, normalized_shape, weight, bias, eps, mode, zero_centered);
+    auto [y, mean, rstd] = ln_fwd().call(input, normalized_shape, weight, bias, eps, mode, zero_centered);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
     ctx->saved_data["shape"] = normalized_shape.vec();
@@ -125,6 +138,10 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
 std::tuple<Tensor, Tensor> rms_norm_autograd(const Tensor& input, at::IntArrayRef normalized_shape,
                                              const std::optional<Tensor>& weight, std::optional<double> eps,
                                              std::optional<c10::string_view> mode, bool zero_centered) {
+  if (needs_no_node({&input, optional_ptr(weight)})) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return rms_fwd().call(input, normalized_shape, weight, eps, mode, zero_centered);
+  }
   auto out = RmsNormFn::apply(input, normalized_shape, weight, eps, mode, zero_centered);
   return {out[0], out[1]};
 }
@@ -133,6 +150,10 @@ std::tuple<Tensor, Tensor, Tensor> add_rms_norm_autograd(const Tensor& input, co
                                                          at::IntArrayRef normalized_shape,
                                                          const std::optional<Tensor>& weight, std::optional<double> eps,
                                                          std::optional<c10::string_view> mode, bool zero_centered) {
+  if (needs_no_node({&input, &residual, optional_ptr(weight)})) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return add_rms_fwd().call(input, residual, normalized_shape, weight, eps, mode, zero_centered);
+  }
   auto out = AddRmsNormFn::apply(input, residual, normalized_shape, weight, eps, mode, zero_centered);
   return {out[0], out[1], out[2]};
 }
@@ -141,6 +162,10 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_autograd(const Tensor& input, at::
                                                        const std::optional<Tensor>& weight,
                                                        const std::optional<Tensor>& bias, double eps,
                                                        std::optional<c10::string_view> mode, bool zero_centered) {
+  if (needs_no_node({&input, optional_ptr(weight), optional_ptr(bias)})) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ln_fwd().call(input, normalized_shape, weight, bias, eps, mode, zero_centered);
+  }
   auto out = LayerNormFn::apply(input, normalized_shape, weight, bias, eps, mode, zero_centered);
   return {out[0], out[1], out[2]};
 }

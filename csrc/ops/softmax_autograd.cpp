@@ -26,29 +26,30 @@ using UnmaskedSig = Tensor(const Tensor&, double);
 using MaskedSig = Tensor(const Tensor&, const Tensor&, double);
 using BackwardSig = Tensor(const Tensor&, const Tensor&, double, bool);
 
+// The forward op of `kind`, called below autograd.
+Tensor softmax_below_autograd(const Tensor& input, const std::optional<Tensor>& mask, double scale, int64_t kind) {
+  static const auto plain = typed_op<UnmaskedSig>("rtcnorm::scaled_softmax");
+  static const auto masked = typed_op<MaskedSig>("rtcnorm::scaled_masked_softmax");
+  static const auto upper = typed_op<UnmaskedSig>("rtcnorm::scaled_upper_triang_masked_softmax");
+  static const auto aligned = typed_op<UnmaskedSig>("rtcnorm::scaled_aligned_causal_masked_softmax");
+  switch (kind) {
+    case kMasked:
+      return masked.call(input, *mask, scale);
+    case kUpperTriang:
+      return upper.call(input, scale);
+    case kAlignedCausal:
+      return aligned.call(input, scale);
+    default:
+      return plain.call(input, scale);
+  }
+}
+
 class SoftmaxFn : public torch::autograd::Function<SoftmaxFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const std::optional<Tensor>& mask,
                                double scale, int64_t kind) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto plain = typed_op<UnmaskedSig>("rtcnorm::scaled_softmax");
-    static auto masked = typed_op<MaskedSig>("rtcnorm::scaled_masked_softmax");
-    static auto upper = typed_op<UnmaskedSig>("rtcnorm::scaled_upper_triang_masked_softmax");
-    static auto aligned = typed_op<UnmaskedSig>("rtcnorm::scaled_aligned_causal_masked_softmax");
-    Tensor y;
-    switch (kind) {
-      case kMasked:
-        y = masked.call(input, *mask, scale);
-        break;
-      case kUpperTriang:
-        y = upper.call(input, scale);
-        break;
-      case kAlignedCausal:
-        y = aligned.call(input, scale);
-        break;
-      default:
-        y = plain.call(input, scale);
-    }
+    Tensor y = softmax_below_autograd(input, mask, scale, kind);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({y});
     ctx->saved_data["scale"] = scale;
@@ -65,20 +66,29 @@ class SoftmaxFn : public torch::autograd::Function<SoftmaxFn> {
   }
 };
 
+// Runs the op through SoftmaxFn, or below autograd when no node is needed.
+Tensor softmax_autograd(const Tensor& input, const std::optional<Tensor>& mask, double scale, int64_t kind) {
+  if (needs_no_node({&input, optional_ptr(mask)})) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return softmax_below_autograd(input, mask, scale, kind);
+  }
+  return SoftmaxFn::apply(input, mask, scale, kind)[0];
+}
+
 Tensor scaled_softmax_autograd(const Tensor& input, double scale) {
-  return SoftmaxFn::apply(input, std::nullopt, scale, kPlain)[0];
+  return softmax_autograd(input, std::nullopt, scale, kPlain);
 }
 
 Tensor scaled_masked_softmax_autograd(const Tensor& input, const Tensor& mask, double scale) {
-  return SoftmaxFn::apply(input, mask, scale, kMasked)[0];
+  return softmax_autograd(input, mask, scale, kMasked);
 }
 
 Tensor scaled_upper_triang_masked_softmax_autograd(const Tensor& input, double scale) {
-  return SoftmaxFn::apply(input, std::nullopt, scale, kUpperTriang)[0];
+  return softmax_autograd(input, std::nullopt, scale, kUpperTriang);
 }
 
 Tensor scaled_aligned_causal_masked_softmax_autograd(const Tensor& input, double scale) {
-  return SoftmaxFn::apply(input, std::nullopt, scale, kAlignedCausal)[0];
+  return softmax_autograd(input, std::nullopt, scale, kAlignedCausal);
 }
 
 }  // namespace
