@@ -155,6 +155,10 @@ class Reason {
 // override (1 + the bits >> 9) replaces the rule.
 // Rows at or below this width are "narrow": many rows share a CTA.
 constexpr int kDefaultNarrowRow = 512;
+// Narrow rows: the base vectors per thread (H200 sweep) and the row blocks
+// per SM up to which they run persistent at that base.
+constexpr int kNarrowBaseVecs = 2;
+constexpr int kNarrowPersistentBlocksPerSm = 16;
 
 static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_next) {
   if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 9;
@@ -206,7 +210,7 @@ static bool affine_prefetch_rule(int override_value, const NormProblem& p, bool 
 // 22-28%). A row keeps at least 4 threads: at 2 (128 rows per CTA) N = 64
 // and 128 ran at 36-87% of the best.
 static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_threads) {
-  constexpr int kBase = 2, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2;
+  constexpr int kBase = kNarrowBaseVecs, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2;
   const bool wide16 = jit::element_size(p.dtype) == 2 && p.hidden > 384;
   const int want = wide16 ? 8 : (p.kind == kLayerNorm ? 4 : kBase);
   if (p.residual || want == kBase) return kBase;
@@ -283,11 +287,13 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // there, ahead of persistent CTAs (2916 vs 2812).
   const bool low_residency = p.kind == kLayerNorm && reg_min_blocks * tpr * rows < 512;
 
-  // Narrow rows run persistent up to 16 row blocks per SM at 2 vectors per
-  // thread (H200 sweep); a CTA of fuller threads counts as nv_row / 2 blocks,
-  // so the same bytes of x switch it (H100: LayerNorm bf16 65536x512 at 8
-  // vectors, persistent 2211 GB/s, one CTA per row block 2485).
-  const bool narrow_persistent = plan.row_blocks * std::max(nv_row, 2) <= 2 * 16LL * sm_count;
+  // Narrow rows run persistent up to kNarrowPersistentBlocksPerSm row blocks
+  // per SM at the base vectors per thread; a CTA of fuller threads counts as
+  // nv_row / base blocks, so the same bytes of x switch it (H100: LayerNorm
+  // bf16 65536x512 at 8 vectors, persistent 2211 GB/s, one CTA per row block
+  // 2485).
+  const bool narrow_persistent = plan.row_blocks * std::max(nv_row, kNarrowBaseVecs) <=
+                                 int64_t(kNarrowBaseVecs) * kNarrowPersistentBlocksPerSm * sm_count;
 
   Reason why(explain ? &plan.reason : nullptr);
   NormMode mode = requested;
@@ -299,8 +305,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
           << " KB per CTA on sm_" << arch << "), so x is re-read for the normalize pass";
     } else if (narrow && narrow_persistent) {
       mode = NormMode::kStaticPersistent;
-      why << "narrow rows (N <= " << kNarrowRow
-          << ") and at most 16 row blocks of 2 vectors per thread per SM: " << rows
+      why << "narrow rows (N <= " << kNarrowRow << ") and at most " << kNarrowPersistentBlocksPerSm << " row blocks of "
+          << kNarrowBaseVecs << " vectors per thread per SM: " << rows
           << " rows per CTA, persistent CTAs load gamma once";
     } else if (narrow) {
       mode = NormMode::kMultiWaveCached;
