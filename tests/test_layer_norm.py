@@ -27,6 +27,7 @@ from norm_checks import (
     variant_applies,
 )
 from reference import assert_close
+from rtcnorm import _tuning
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
@@ -223,6 +224,29 @@ def test_gpu_large_mean(gpu_kernels, poison, dtype, n, mode):
     # ulps (any fp32 algorithm, the reference's float64 aside); the outputs
     # keep the usual 16-bit tolerance.
     check_layer_norm(x, [n], w, b, mode=mode, poison=poison, stat_scale=10.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("two_pass", [1, 2], ids=["merged", "two_pass"])
+@pytest.mark.parametrize("mode", [None, "static_persistent"], ids=lambda m: m or "auto")
+@pytest.mark.parametrize(
+    ("n", "dtype"),
+    [(128, torch.bfloat16), (320, torch.float16), (1000, torch.bfloat16), (4097, torch.float32),
+     (8192, torch.bfloat16), (7, torch.float16)],
+)  # fmt: skip
+def test_gpu_cached_row_statistics_both_ways(poison, n, dtype, mode, two_pass):
+    """Register-cached rows with the statistics in two passes (the rule) and
+    merged in one (fwd_two_pass=1): 4 to 128 threads a row (CTA barriers at
+    8192), uneven vector splits (320, 1000), scalar rows (4097, 7), a partly
+    filled last CTA, contiguous and row-strided, around a mean of 1000."""
+    m = 2 * torch.cuda.get_device_properties(0).multi_processor_count * 8 + 37
+    with _tuning.override(fwd_two_pass=two_pass):
+        plan = rtcnorm.explain("layer_norm", (m, n), dtype, mode=mode)
+        assert plan["cached_row"] and ("two passes" in plan["reason"]) == (two_pass == 2), plan
+        for rows in (m, 2 * m):
+            x, w, b, _ = ln_inputs((rows, n), [n], dtype, "cuda", "weight_bias", shift=1000.0)
+            x = x[::2] if rows > m else x
+            check_layer_norm(x, [n], w, b, mode=mode, poison=poison, stat_scale=10.0)
 
 
 @pytest.mark.gpu

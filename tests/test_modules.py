@@ -394,6 +394,41 @@ def test_narrow_forward_rows_vectors_per_thread(op, shape, dtype, residual, tpr,
     assert plan["block"] == 256 and plan["cached_row"]
 
 
+TWO_PASS_STATS = 1 << 17  # kTwoPassStats in csrc/kernels/common/params.cuh
+
+
+def _forward_flags(plan: dict) -> int:
+    # rtcnorm::<op>_fwd<T, W, N, VEC, TPR, ROWS, NV, FLAGSu, MIN_BLOCKS>
+    return int(plan["kernel"].split(", ")[7].rstrip("u"))
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "mode", "cluster", "two_pass"),
+    [("layer_norm", (65536, 256), BF16, None, 0, True),
+     ("layer_norm", (16384, 8192), BF16, None, 0, True),  # 128 threads a row: CTA barriers
+     ("layer_norm", (4096, 1000), torch.float16, "static_persistent", 0, True),  # uneven vectors
+     ("layer_norm", (64, 4097), torch.float32, "multi_wave_cached", 0, True),
+     ("layer_norm", (2048, 32768), BF16, None, 0, False),  # row in shared memory
+     ("layer_norm", (4096, 8192), BF16, "multi_wave_reload", 0, False),  # streamed row
+     ("layer_norm", (512, 131072), BF16, None, 0, False),  # cluster slices
+     ("layer_norm", (4096, 8192), BF16, None, 2, False),
+     ("rms_norm", (65536, 256), BF16, None, 0, False)],
+)  # fmt: skip
+def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode, cluster, two_pass):
+    """A LayerNorm row one CTA caches in registers gets its mean and variance
+    in two passes over the cached row; shared-memory, streamed and cluster rows
+    keep the one-pass merge, and fwd_two_pass=1 turns the rule off."""
+    kw = dict(mode=mode, device="cpu", sm_count=132, arch="sm_90")
+    with _tuning.override(fwd_cluster=cluster):
+        plan = rtcnorm.explain(op, shape, dtype, **kw)
+        assert bool(_forward_flags(plan) & TWO_PASS_STATS) == two_pass, plan
+        assert ("statistics in two passes" in plan["reason"]) == two_pass, plan["reason"]
+        with _tuning.override(fwd_two_pass=1):
+            off = rtcnorm.explain(op, shape, dtype, **kw)
+    assert _forward_flags(off) == _forward_flags(plan) & ~TWO_PASS_STATS
+    assert off["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
+
+
 @pytest.mark.parametrize(
     ("n", "dtype", "threads", "elems"),
     [(8192, torch.bfloat16, 512, 16), (8192, torch.float32, 512, 16), (12288, torch.bfloat16, 384, 32),

@@ -587,19 +587,33 @@ static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool expla
   return plan;
 }
 
+// A LayerNorm row one CTA caches in registers takes its statistics in two
+// passes (the mean, then squared deviations from it) instead of merging
+// (count, mean, M2) triples, which divides at every merge. H100 kernel-only,
+// bf16: 4096x512 6.39 -> 4.98 us, 4096x4096 27.6 -> 25.7, 65536x256 28.1 ->
+// 27.1, no shape slower (benchmarks/NOTES.md entry 26). Rows in shared
+// memory, streamed rows and cluster slices keep the one-pass merge.
+static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, bool explain) {
+  const int forced = norm_tuning().fwd_two_pass;
+  if (p.kind != kLayerNorm || (plan.key.flags & kCachedRow) == 0 || forced == 1) return plan;
+  plan.key.flags |= kTwoPassStats;
+  if (explain) plan.reason += "; statistics in two passes over the cached row (mean, then squared deviations)";
+  return plan;
+}
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const int forced = norm_tuning().fwd_cluster;
   NormFwdPlan plan = plan_fwd_cta(p, requested, sm_count, arch, explain);
   // A reload was asked for: x is streamed twice by request, never cached.
-  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1)) return plan;
+  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1)) return with_stats_rule(plan, p, explain);
   const int64_t nvec = p.hidden / choose_vec(p);
   const int cl = cluster_size(forced, p.hidden * jit::element_size(p.dtype), kFwdSliceBytes, nvec, arch);
-  if (cl == 1) return plan;
+  if (cl == 1) return with_stats_rule(plan, p, explain);
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
   // Clusters, not CTAs, are what fill the device (the decode-sized grid rule).
   const NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain);
-  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
+  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : with_stats_rule(plan, p, explain);
 }
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {

@@ -1,5 +1,5 @@
 // Overrides of the norm planner's rules, for benchmark sweeps through
-// rtcnorm._tuning (the rules themselves were fitted to H200 sweeps, see
+// rtcnorm._tuning (the rules themselves were fitted to H100 and H200 sweeps, see
 // benchmarks/NOTES.md). Overrides are process-wide and are
 // not synchronised with concurrent launches: set them before launching.
 #pragma once
@@ -22,6 +22,10 @@ struct NormTuning {
   int fwd_smem_vecs = 0;
   // gamma (+beta) values a persistent CTA's thread may keep in registers.
   int keep_gamma_floats = 0;
+  // LayerNorm forward, rows cached in registers by one CTA: 1 = one pass
+  // merging (count, mean, M2) triples, 2 = two passes (mean, then squared
+  // deviations; the rule).
+  int fwd_two_pass = 0;
   // Backward: elements of a row a thread caches (x, dy and fp32 dW/dB
   // accumulators share the registers), CTA size, and launch-bounds CTAs/SM.
   int bwd_cache_elems = 0;

@@ -102,6 +102,39 @@ struct NormStats<kLayerNorm> {
   }
 };
 
+// LayerNorm statistics of a row its group caches in registers (NV vectors a
+// thread, vector i * TPR + lane, VECS of them in the row): the mean from one
+// row reduction, then the mean squared deviation from it in a second. Two
+// float sums replace the merges of (count, mean, M2) triples, which divide
+// at every step. The second pass sums (x - mean)^2, so a large mean does not
+// cancel the variance away as E[x^2] - E[x]^2 would. Every thread of the CTA
+// calls it (rows past the end with row_ok false): the reductions may hold
+// CTA barriers.
+template <typename T, int VEC, int TPR, int ROWS, int NV, int N, int VECS>
+__device__ __forceinline__ void two_pass_stats(const Pack<T, VEC> (&row)[NV], bool row_ok, int lane, float eps,
+                                               GroupScratch<TPR, ROWS, Sum1>& scratch, float& mean, float& rstd) {
+  constexpr float kInvN = 1.f / static_cast<float>(N);
+  Sum1 s = {0.f};
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    if (!row_ok || i * TPR + lane >= VECS) continue;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s.a += to_float(row[i].e[j]);
+  }
+  mean = group_allreduce<TPR, ROWS>(s, scratch).a * kInvN;
+  Sum1 q = {0.f};
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    if (!row_ok || i * TPR + lane >= VECS) continue;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = to_float(row[i].e[j]) - mean;
+      q.a = fmaf(d, d, q.a);
+    }
+  }
+  rstd = rsqrtf(group_allreduce<TPR, ROWS>(q, scratch).a * kInvN + eps);
+}
+
 // Prefetches into L2 (L1 too when L1) the vectors this thread will load from
 // the row that starts at `off`: a grid-stride CTA calls it for its next row
 // block right after issuing the current row's loads, so the memory system
@@ -165,14 +198,17 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr bool kNext = (kCached || (kSmem && kChunks == 1)) && (FLAGS & kPrefetchNext) != 0;
   constexpr bool kAffinePf = !kKeep && (FLAGS & (kHasWeight | kHasBias)) != 0 && (FLAGS & kPrefetchAffine) != 0;
+  constexpr bool kTwoPass = KIND == kLayerNorm && (FLAGS & kTwoPassStats) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
   static_assert((N / VEC) % kCl == 0, "a cluster splits a row into equal slices of whole vectors");
   static_assert(kCl == 1 || kCached || kSmem, "a cluster splits rows it caches, never streamed ones");
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(!(kCached && kSmem), "a row is cached in registers or in shared memory, not both");
   static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
+  static_assert(!kTwoPass || (kCached && kCl == 1), "two-pass statistics read a row one CTA caches");
 
-  __shared__ GroupScratch<TPR, ROWS, Acc> scratch;
+  __shared__ GroupScratch<TPR, kTwoPass ? 1 : ROWS, Acc> scratch;
+  __shared__ GroupScratch<TPR, kTwoPass ? ROWS : 1, Sum1> scratch1;
   __shared__ ClusterScratch<kCl, ROWS, Acc> cscratch;
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
@@ -240,7 +276,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
           store<T, VEC>(h, yoff + 1LL * v * VEC, xv[i]);
         }
       }
-      acc = merge(acc, Stats::template of_chunk<T, VEC, NV>(xv, ok));
+      if constexpr (!kTwoPass) acc = merge(acc, Stats::template of_chunk<T, VEC, NV>(xv, ok));
       if constexpr (kCached) {
 #pragma unroll
         for (int i = 0; i < NV; ++i) cache[i] = xv[i];
@@ -252,10 +288,14 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       }
     }
 
-    acc = group_allreduce<TPR, ROWS>(acc, scratch);
-    acc = cluster_allreduce<kCl, ROWS>(acc, cscratch, calls++, group, lane == 0);
     float mean, rstd;
-    Stats::finish(acc, N, p.eps, mean, rstd);
+    if constexpr (kTwoPass) {
+      two_pass_stats<T, VEC, TPR, ROWS, NV, N, kVecs>(cache, row_ok, lane, p.eps, scratch1, mean, rstd);
+    } else {
+      acc = group_allreduce<TPR, ROWS>(acc, scratch);
+      acc = cluster_allreduce<kCl, ROWS>(acc, cscratch, calls++, group, lane == 0);
+      Stats::finish(acc, N, p.eps, mean, rstd);
+    }
     if (row_ok && lane == 0 && rank == 0) {
       p.rstd[row] = rstd;
       if (KIND == kLayerNorm && p.mean != nullptr) p.mean[row] = mean;

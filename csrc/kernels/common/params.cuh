@@ -44,6 +44,9 @@ enum NormFlags : unsigned {
   // in dynamic shared memory by cp.async, the next row block's copies in
   // flight while the CTA reduces and writes the current one.
   kStagedRow = 1u << 16,
+  // LayerNorm forward, row cached in registers by one CTA: the mean from a
+  // first row reduction, then the squared deviations from it in a second.
+  kTwoPassStats = 1u << 17,
 };
 constexpr int kClusterShift = 14;
 
