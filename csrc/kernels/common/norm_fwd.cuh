@@ -113,7 +113,6 @@ struct NormStats<kLayerNorm> {
 template <typename T, int VEC, int TPR, int ROWS, int NV, int N, int VECS>
 __device__ __forceinline__ void two_pass_stats(const Pack<T, VEC> (&row)[NV], bool row_ok, int lane, float eps,
                                                GroupScratch<TPR, ROWS, Sum1>& scratch, float& mean, float& rstd) {
-  constexpr float kInvN = 1.f / static_cast<float>(N);
   Sum1 s = {0.f};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
@@ -121,7 +120,11 @@ __device__ __forceinline__ void two_pass_stats(const Pack<T, VEC> (&row)[NV], bo
 #pragma unroll
     for (int j = 0; j < VEC; ++j) s.a += to_float(row[i].e[j]);
   }
-  mean = group_allreduce<TPR, ROWS>(s, scratch).a * kInvN;
+  // A true division, not a product with a rounded 1 / N: a row of equal
+  // values then gets their exact mean, and x - mean is 0 where rstd is
+  // 1 / sqrt(eps) (a row of seven 1000s times fl(1/7) is off by 6e-5, which
+  // that rstd turns into 0.02 of output).
+  mean = group_allreduce<TPR, ROWS>(s, scratch).a / static_cast<float>(N);
   Sum1 q = {0.f};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
@@ -132,6 +135,8 @@ __device__ __forceinline__ void two_pass_stats(const Pack<T, VEC> (&row)[NV], bo
       q.a = fmaf(d, d, q.a);
     }
   }
+  // The variance may take the rounded reciprocal: one ulp of it is harmless.
+  constexpr float kInvN = 1.f / static_cast<float>(N);
   rstd = rsqrtf(group_allreduce<TPR, ROWS>(q, scratch).a * kInvN + eps);
 }
 
