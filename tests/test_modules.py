@@ -394,7 +394,7 @@ def test_narrow_forward_rows_vectors_per_thread(op, shape, dtype, residual, tpr,
     assert plan["block"] == 256 and plan["cached_row"]
 
 
-TWO_PASS_STATS = 1 << 17  # kTwoPassStats in csrc/kernels/common/params.cuh
+CACHED_ROW, TWO_PASS_STATS = 1 << 4, 1 << 17  # kCachedRow, kTwoPassStats in csrc/kernels/common/params.cuh
 
 
 def _forward_flags(plan: dict) -> int:
@@ -405,7 +405,10 @@ def _forward_flags(plan: dict) -> int:
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "mode", "cluster", "two_pass"),
     [("layer_norm", (65536, 256), BF16, None, 0, True),
-     ("layer_norm", (16384, 8192), BF16, None, 0, True),  # 128 threads a row: CTA barriers
+     ("layer_norm", (2048, 8192), BF16, None, 0, True),  # 128 threads a row: CTA barriers
+     ("layer_norm", (16384, 4096), BF16, None, 0, True),  # 64 threads a row, 124 row blocks per SM
+     ("layer_norm", (16384, 5120), BF16, None, 0, False),  # 128 threads a row, 124 row blocks per SM
+     ("layer_norm", (4096, 16384), BF16, None, 0, True),  # 256 threads a row, 31 row blocks per SM
      ("layer_norm", (4096, 1000), torch.float16, "static_persistent", 0, True),  # uneven vectors
      ("layer_norm", (64, 4097), torch.float32, "multi_wave_cached", 0, True),
      ("layer_norm", (2048, 32768), BF16, None, 0, False),  # row in shared memory
@@ -416,8 +419,10 @@ def _forward_flags(plan: dict) -> int:
 )  # fmt: skip
 def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode, cluster, two_pass):
     """A LayerNorm row one CTA caches in registers gets its mean and variance
-    in two passes over the cached row; shared-memory, streamed and cluster rows
-    keep the one-pass merge, and fwd_two_pass=1 turns the rule off."""
+    in two passes over the cached row, except rows of more than two warps in
+    grids of over 32 row blocks per SM; shared-memory, streamed and cluster
+    rows keep the one-pass merge. fwd_two_pass=1 turns the rule off, 2 forces
+    it wherever a row is register-cached."""
     kw = dict(mode=mode, device="cpu", sm_count=132, arch="sm_90")
     with _tuning.override(fwd_cluster=cluster):
         plan = rtcnorm.explain(op, shape, dtype, **kw)
@@ -425,8 +430,12 @@ def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode,
         assert ("statistics in two passes" in plan["reason"]) == two_pass, plan["reason"]
         with _tuning.override(fwd_two_pass=1):
             off = rtcnorm.explain(op, shape, dtype, **kw)
+        with _tuning.override(fwd_two_pass=2):
+            forced = rtcnorm.explain(op, shape, dtype, **kw)
     assert _forward_flags(off) == _forward_flags(plan) & ~TWO_PASS_STATS
     assert off["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
+    register_row = op == "layer_norm" and bool(_forward_flags(plan) & CACHED_ROW) and forced["cluster"] == 1
+    assert bool(_forward_flags(forced) & TWO_PASS_STATS) == register_row, forced
 
 
 @pytest.mark.parametrize(

@@ -590,12 +590,20 @@ static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool expla
 // A LayerNorm row one CTA caches in registers takes its statistics in two
 // passes (the mean, then squared deviations from it) instead of merging
 // (count, mean, M2) triples, which divides at every merge. H100 kernel-only,
-// bf16: 4096x512 6.39 -> 4.98 us, 4096x4096 27.6 -> 25.7, 65536x256 28.1 ->
-// 27.1, no shape slower (benchmarks/NOTES.md entry 26). Rows in shared
-// memory, streamed rows and cluster slices keep the one-pass merge.
-static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, bool explain) {
+// bf16: 4096x512 6.39 -> 4.98 us, 4096x4096 27.8 -> 26.1, 32x8192 4.80 ->
+// 3.91 (benchmarks/NOTES.md entry 26). Rows of more than two warps each pay
+// a second round of CTA barriers; in grids of more than 32 row blocks per SM
+// that cost 1.2-1.5% (16384x5120, 16384x7168), so those keep the merge, as
+// do rows in shared memory, streamed rows and cluster slices.
+constexpr int kTwoPassMaxWarpsPerRow = 2;
+constexpr int64_t kTwoPassWideRowBlocksPerSm = 32;
+
+static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
   const int forced = norm_tuning().fwd_two_pass;
   if (p.kind != kLayerNorm || (plan.key.flags & kCachedRow) == 0 || forced == 1) return plan;
+  const bool barrier_bound =
+      plan.key.threads_per_row > 32 * kTwoPassMaxWarpsPerRow && plan.row_blocks > kTwoPassWideRowBlocksPerSm * sm_count;
+  if (forced == 0 && barrier_bound) return plan;
   plan.key.flags |= kTwoPassStats;
   if (explain) plan.reason += "; statistics in two passes over the cached row (mean, then squared deviations)";
   return plan;
@@ -605,15 +613,16 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const int forced = norm_tuning().fwd_cluster;
   NormFwdPlan plan = plan_fwd_cta(p, requested, sm_count, arch, explain);
   // A reload was asked for: x is streamed twice by request, never cached.
-  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1)) return with_stats_rule(plan, p, explain);
+  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1))
+    return with_stats_rule(plan, p, sm_count, explain);
   const int64_t nvec = p.hidden / choose_vec(p);
   const int cl = cluster_size(forced, p.hidden * jit::element_size(p.dtype), kFwdSliceBytes, nvec, arch);
-  if (cl == 1) return with_stats_rule(plan, p, explain);
+  if (cl == 1) return with_stats_rule(plan, p, sm_count, explain);
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
   // Clusters, not CTAs, are what fill the device (the decode-sized grid rule).
   const NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain);
-  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : with_stats_rule(plan, p, explain);
+  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : with_stats_rule(plan, p, sm_count, explain);
 }
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {

@@ -24,7 +24,8 @@ struct NormTuning {
   int keep_gamma_floats = 0;
   // LayerNorm forward, rows cached in registers by one CTA: 1 = one pass
   // merging (count, mean, M2) triples, 2 = two passes (mean, then squared
-  // deviations; the rule).
+  // deviations) for every such row, where the rule keeps the merge for rows
+  // of more than two warps in grids of many row blocks per SM.
   int fwd_two_pass = 0;
   // Backward: elements of a row a thread caches (x, dy and fp32 dW/dB
   // accumulators share the registers), CTA size, and launch-bounds CTAs/SM.
