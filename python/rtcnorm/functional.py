@@ -57,7 +57,8 @@ def layer_norm(
     """LayerNorm over the trailing ``normalized_shape`` dims, like ``F.layer_norm``.
 
     ``y = (x - mean) / sqrt(var + eps) * g + bias`` with the biased variance,
-    computed in fp32 with a numerically stable (Chan/Welford) reduction, and
+    computed in fp32 without E[x^2] - E[x]^2 (two passes over a row held in
+    registers, Chan-merged chunk moments otherwise), and
     ``g = weight``, ``1 + weight`` (``zero_centered_gamma``) or 1.
     """
     check_mode(mode, "layer_norm")

@@ -19,8 +19,10 @@
 // - The loop over row blocks is uniform across the CTA (rows past the end
 //   still take part in the barriers), so a persistent grid (gridDim.x smaller
 //   than row_blocks) and a one-block-per-row-block grid share this code.
-// - Statistics accumulate in fp32. LayerNorm uses per-chunk two-pass moments
-//   merged with Chan's formula, never E[x^2] - E[x]^2.
+// - Statistics accumulate in fp32, never as E[x^2] - E[x]^2. LayerNorm uses
+//   per-chunk two-pass moments merged with Chan's formula, or, with
+//   kTwoPassStats (a row one CTA caches in registers), the mean from one row
+//   reduction and the squared deviations from it in a second.
 // - A cluster of CL CTAs (kClusterBits) splits every row into CL equal
 //   column slices: CTA rank r owns columns [r * N / CL, (r + 1) * N / CL),
 //   caches its slice, and the slices' statistics are merged through the
