@@ -594,13 +594,15 @@ static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool expla
 // 3.91 (benchmarks/NOTES.md entry 26). Rows of more than two warps each pay
 // a second round of CTA barriers; in grids of more than 32 row blocks per SM
 // that cost 1.2-1.5% (16384x5120, 16384x7168), so those keep the merge, as
-// do rows in shared memory, streamed rows and cluster slices.
+// do rows in shared memory, streamed rows and cluster slices (whose CTAs
+// merge their slices' triples through the cluster).
 constexpr int kTwoPassMaxWarpsPerRow = 2;
 constexpr int64_t kTwoPassWideRowBlocksPerSm = 32;
 
 static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
   const int forced = norm_tuning().fwd_two_pass;
-  if (p.kind != kLayerNorm || (plan.key.flags & kCachedRow) == 0 || forced == 1) return plan;
+  const bool one_cta_register_row = (plan.key.flags & kCachedRow) != 0 && plan.key.cluster == 1;
+  if (p.kind != kLayerNorm || !one_cta_register_row || forced == 1) return plan;
   const bool barrier_bound =
       plan.key.threads_per_row > 32 * kTwoPassMaxWarpsPerRow && plan.row_blocks > kTwoPassWideRowBlocksPerSm * sm_count;
   if (forced == 0 && barrier_bound) return plan;
@@ -609,20 +611,24 @@ static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, int s
   return plan;
 }
 
-NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
+// One CTA per row group, or the row split across a cluster of CTAs.
+static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const int forced = norm_tuning().fwd_cluster;
   NormFwdPlan plan = plan_fwd_cta(p, requested, sm_count, arch, explain);
   // A reload was asked for: x is streamed twice by request, never cached.
-  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1))
-    return with_stats_rule(plan, p, sm_count, explain);
+  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1)) return plan;
   const int64_t nvec = p.hidden / choose_vec(p);
   const int cl = cluster_size(forced, p.hidden * jit::element_size(p.dtype), kFwdSliceBytes, nvec, arch);
-  if (cl == 1) return with_stats_rule(plan, p, sm_count, explain);
+  if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
   // Clusters, not CTAs, are what fill the device (the decode-sized grid rule).
   const NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain);
-  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : with_stats_rule(plan, p, sm_count, explain);
+  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
+}
+
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
+  return with_stats_rule(plan_fwd_layout(p, requested, sm_count, arch, explain), p, sm_count, explain);
 }
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
