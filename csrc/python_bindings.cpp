@@ -61,6 +61,7 @@ constexpr Tunable kTunables[] = {
     {"fwd_smem_vecs", &NormTuning::fwd_smem_vecs, 16},
     {"keep_gamma_floats", &NormTuning::keep_gamma_floats, kNoCap},
     {"fwd_two_pass", &NormTuning::fwd_two_pass, 2},
+    {"fwd_l1_alloc", &NormTuning::fwd_l1_alloc, 2},
     {"bwd_cache_elems", &NormTuning::bwd_cache_elems, kNoCap},
     {"bwd_cta_threads", &NormTuning::bwd_cta_threads, 1024},
     {"bwd_min_blocks", &NormTuning::bwd_min_blocks, kNoCap},

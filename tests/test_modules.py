@@ -394,7 +394,8 @@ def test_narrow_forward_rows_vectors_per_thread(op, shape, dtype, residual, tpr,
     assert plan["block"] == 256 and plan["cached_row"]
 
 
-CACHED_ROW, TWO_PASS_STATS = 1 << 4, 1 << 17  # kCachedRow, kTwoPassStats in csrc/kernels/common/params.cuh
+# kCachedRow, kTwoPassStats, kL1Allocate in csrc/kernels/common/params.cuh
+CACHED_ROW, TWO_PASS_STATS, L1_ALLOCATE = 1 << 4, 1 << 17, 1 << 18
 
 
 def _forward_flags(plan: dict) -> int:
@@ -436,6 +437,42 @@ def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode,
     assert off["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
     register_row = op == "layer_norm" and bool(_forward_flags(plan) & CACHED_ROW) and forced["cluster"] == 1
     assert bool(_forward_flags(forced) & TWO_PASS_STATS) == register_row, forced
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "mode", "residual", "through_l1"),
+    [("rms_norm", (16384, 8192), BF16, None, False, True),
+     ("rms_norm", (4096, 5120), BF16, None, False, True),  # 40 MB: the threshold
+     ("rms_norm", (4096, 5119), BF16, None, False, False),  # just under it
+     ("rms_norm", (4096, 4096), BF16, None, False, False),
+     ("rms_norm", (262144, 128), BF16, None, False, True),  # narrow rows, many waves
+     ("rms_norm", (32768, 128), BF16, None, False, False),
+     ("rms_norm", (16384, 4096), BF16, None, True, True),  # residual beside x
+     ("layer_norm", (8192, 8192), torch.float32, None, False, True),
+     ("layer_norm", (8192, 2048), BF16, None, False, False),
+     ("layer_norm", (1024, 65536), BF16, None, False, True),  # row in shared memory
+     ("layer_norm", (4096, 8192), BF16, "multi_wave_reload", False, True),  # streamed twice
+     ("layer_norm", (512, 131072), BF16, None, False, True),  # cluster slices
+     ("layer_norm", (1, 262144), torch.float32, None, False, False)],
+)  # fmt: skip
+def test_large_forward_inputs_read_through_l1(op, shape, dtype, mode, residual, through_l1):
+    """Forward inputs of 40 MB or more are read through L1 (kL1Allocate); smaller
+    ones around it. fwd_l1_alloc=1 / 2 force either way and change nothing else;
+    the backward never takes the flag."""
+    kw = dict(mode=mode, residual=residual, device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, shape, dtype, **kw)
+    assert bool(_forward_flags(plan) & L1_ALLOCATE) == through_l1, plan
+    assert ("read through L1" in plan["reason"]) == through_l1, plan["reason"]
+    with _tuning.override(fwd_l1_alloc=1):
+        off = rtcnorm.explain(op, shape, dtype, **kw)
+    with _tuning.override(fwd_l1_alloc=2):
+        on = rtcnorm.explain(op, shape, dtype, **kw)
+    assert _forward_flags(off) == _forward_flags(plan) & ~L1_ALLOCATE
+    assert _forward_flags(on) == _forward_flags(plan) | L1_ALLOCATE
+    for other in (off, on):
+        assert other["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
+        assert other["backward"] == plan["backward"]
+        assert (other["grid"], other["block"], other["smem"]) == (plan["grid"], plan["block"], plan["smem"])
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from norm_checks import (
     variant_applies,
 )
 from reference import assert_close
+from rtcnorm import _tuning
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
@@ -205,6 +206,31 @@ def test_bad_mode_lists_the_valid_modes():
 def test_gpu_matches_reference(gpu_kernels, poison, dtype, variant, n, mode):
     x, w, zcg, r = rms_inputs((gpu_rows(n), n), [n], dtype, "cuda", variant)
     check_rms_norm(x, [n], w, zero_centered_gamma=zcg, residual=r, mode=mode, poison=poison)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "auto")
+@pytest.mark.parametrize(
+    ("n", "dtype", "variant"),
+    [(128, torch.bfloat16, "weight"), (1000, torch.float16, "residual"), (4096, torch.bfloat16, "zero_centered"),
+     (4097, torch.float32, "mixed"), (32768, torch.bfloat16, "residual"), (65536, torch.float32, "no_weight")],
+)  # fmt: skip
+def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
+    """Forward loads through L1 (kL1Allocate, which the rule takes for inputs of
+    40 MB or more) forced on small inputs: every mode, narrow, register,
+    shared-memory, streamed and cluster rows, beside a residual, contiguous and
+    row-strided."""
+    if not variant_applies(variant, dtype):
+        pytest.skip("mixed weights are 16-bit input only")
+    m = 301
+    with _tuning.override(fwd_l1_alloc=2):
+        plan = rtcnorm.explain("rms_norm", (m, n), dtype, mode=mode, residual=variant == "residual")
+        assert "read through L1" in plan["reason"], plan
+        for rows in (m, 2 * m):
+            x, w, zcg, r = rms_inputs((rows, n), [n], dtype, "cuda", variant)
+            if rows > m:
+                x, r = x[::2], None if r is None else r[1::2]
+            check_rms_norm(x, [n], w, zero_centered_gamma=zcg, residual=r, mode=mode, poison=poison)
 
 
 @pytest.mark.gpu

@@ -21,6 +21,10 @@ enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMul
 NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op);
 const char* mode_name(NormMode m);
 
+// Forward inputs (x) of at least this many bytes are read through L1
+// (kL1Allocate; the rule and its measurements are in norm_plan.cpp).
+constexpr int64_t kL1AllocMinInputBytes = int64_t(40) << 20;
+
 struct NormProblem {
   NormKind kind = kRmsNorm;
   jit::DType dtype = jit::DType::kFloat32;

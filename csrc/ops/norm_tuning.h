@@ -27,6 +27,9 @@ struct NormTuning {
   // deviations) for every such row, where the rule keeps the merge for rows
   // of more than two warps in grids of many row blocks per SM.
   int fwd_two_pass = 0;
+  // Forward loads of x (and the residual): 1 = around L1 (L1::no_allocate)
+  // always, 2 = through L1 always; the rule picks by input size.
+  int fwd_l1_alloc = 0;
   // Backward: elements of a row a thread caches (x, dy and fp32 dW/dB
   // accumulators share the registers), CTA size, and launch-bounds CTAs/SM.
   int bwd_cache_elems = 0;

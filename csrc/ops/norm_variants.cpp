@@ -3,6 +3,8 @@
 // each gradient combination, and the dW/dB column reducer; forwards for full
 // and for decode-sized grids. Assumes aligned tensors (the widest vector
 // access), as freshly allocated tensors are.
+#include <algorithm>
+
 #include "ops/norm_plan.h"
 #include "ops/variants.h"
 
@@ -34,9 +36,11 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.has_bias = has_b;
         p.zero_centered = zc;
         // Full grids and decode-sized ones (at most one CTA per SM) plan
-        // different forward kernels.
+        // different forward kernels, and so do inputs on either side of the
+        // size from which x is read through L1.
+        const int64_t under_l1 = (kL1AllocMinInputBytes - 1) / std::max<int64_t>(1, hidden * jit::element_size(dtype));
         for (int res = 0; res <= int(!ln); ++res)
-          for (int64_t rows : {int64_t(1) << 16, int64_t(1)}) {
+          for (int64_t rows : {int64_t(1) << 16, int64_t(1), std::max<int64_t>(1, under_l1), under_l1 + 1}) {
             p.residual = res;
             p.rows = rows;
             for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);

@@ -206,6 +206,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kNext = (kCached || (kSmem && kChunks == 1)) && (FLAGS & kPrefetchNext) != 0;
   constexpr bool kAffinePf = !kKeep && (FLAGS & (kHasWeight | kHasBias)) != 0 && (FLAGS & kPrefetchAffine) != 0;
   constexpr bool kTwoPass = KIND == kLayerNorm && (FLAGS & kTwoPassStats) != 0;
+  constexpr bool kAlloc = (FLAGS & kL1Allocate) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
   static_assert((N / VEC) % kCl == 0, "a cluster splits a row into equal slices of whole vectors");
   static_assert(kCl == 1 || kCached || kSmem, "a cluster splits rows it caches, never streamed ones");
@@ -258,7 +259,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         ok[i] = row_ok && (kEven || v < kVecs);
-        if (ok[i]) xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
+        if (ok[i]) xv[i] = load_nc<T, VEC, kPf, kAlloc>(x, xoff + 1LL * v * VEC);
       }
       if constexpr (kAffinePf) {
         // Only the chunk whose gamma the normalize pass reads first; later
@@ -277,7 +278,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         for (int i = 0; i < NV; ++i) {
           if (!ok[i]) continue;
           const int v = c * kChunk + i * TPR + lane;
-          const PT rv = load_nc<T, VEC, kPf>(res, roff + 1LL * v * VEC);
+          const PT rv = load_nc<T, VEC, kPf, kAlloc>(res, roff + 1LL * v * VEC);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(to_float(xv[i].e[j]) + to_float(rv.e[j]));
           store<T, VEC>(h, yoff + 1LL * v * VEC, xv[i]);
@@ -322,7 +323,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         else if constexpr (kRes)
           xv = load_coherent<T, VEC>(h, yoff + 1LL * v * VEC);
         else
-          xv = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+          xv = load_nc<T, VEC, false, kAlloc>(x, xoff + 1LL * v * VEC);
         float g[VEC], b[VEC];
         if constexpr (kKeep) {
 #pragma unroll

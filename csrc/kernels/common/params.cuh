@@ -47,6 +47,9 @@ enum NormFlags : unsigned {
   // LayerNorm forward, row cached in registers by one CTA: the mean from a
   // first row reduction, then the squared deviations from it in a second.
   kTwoPassStats = 1u << 17,
+  // forward: x (and the residual) are read through L1 (ld.global.nc) rather
+  // than around it (L1::no_allocate); chosen for inputs of 40 MB or more.
+  kL1Allocate = 1u << 18,
 };
 constexpr int kClusterShift = 14;
 

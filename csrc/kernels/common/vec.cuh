@@ -8,7 +8,9 @@
 // Loads come in two flavours:
 // - load_nc: the read-only (non-coherent) path, for inputs nothing in the same
 //   kernel writes. `L1::no_allocate` keeps streamed rows from evicting reused
-//   data such as gamma.
+//   data such as gamma; L1_ALLOC lets them allocate in L1 instead (the
+//   forward kernel's inputs of 40 MB or more, where that ran 1-1.5% faster on
+//   H100: benchmarks/NOTES.md entry 27).
 // - load_coherent: an ordinary load, for data this kernel wrote earlier (the
 //   residual sum h, the dW partial row). The .nc path may return stale data
 //   for such addresses.
@@ -90,15 +92,17 @@ __device__ __forceinline__ R ld_nc_prefetch(const R* p) {
   return ld_nc_stream(p);
 }
 
-// Streamed input: read once, not kept in L1. PREFETCH asks L2 to fetch the
-// surrounding 256-byte block with each 16-byte access (sm_80+ hint).
-template <typename T, int VEC, bool PREFETCH = false>
+// Streamed input: read once, not kept in L1 (unless L1_ALLOC). PREFETCH asks
+// L2 to fetch the surrounding 256-byte block with each 16-byte access (sm_80+
+// hint), and takes precedence over L1_ALLOC.
+template <typename T, int VEC, bool PREFETCH = false, bool L1_ALLOC = false>
 __device__ __forceinline__ Pack<T, VEC> load_nc(const T* base, long long elem_offset) {
   using A = Access<Pack<T, VEC>>;
   typename A::View u;
   const auto* src = reinterpret_cast<const typename A::Raw*>(base + elem_offset);
 #pragma unroll
-  for (int k = 0; k < A::kCount; ++k) u.raw[k] = PREFETCH ? ld_nc_prefetch(src + k) : ld_nc_stream(src + k);
+  for (int k = 0; k < A::kCount; ++k)
+    u.raw[k] = PREFETCH ? ld_nc_prefetch(src + k) : L1_ALLOC ? __ldg(src + k) : ld_nc_stream(src + k);
   return u.pack;
 }
 
