@@ -213,15 +213,13 @@ def test_gpu_matches_reference(gpu_kernels, poison, dtype, variant, n, mode):
 @pytest.mark.parametrize(
     ("n", "dtype", "variant"),
     [(128, torch.bfloat16, "weight"), (1000, torch.float16, "residual"), (4096, torch.bfloat16, "zero_centered"),
-     (4097, torch.float32, "mixed"), (32768, torch.bfloat16, "residual"), (65536, torch.float32, "no_weight")],
+     (4097, torch.float16, "mixed"), (32768, torch.bfloat16, "residual"), (65536, torch.float32, "no_weight")],
 )  # fmt: skip
 def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
     """Forward loads through L1 (kL1Allocate, which the rule takes for inputs of
     40 MB or more) forced on small inputs: every mode, narrow, register,
     shared-memory, streamed and cluster rows, beside a residual, contiguous and
     row-strided."""
-    if not variant_applies(variant, dtype):
-        pytest.skip("mixed weights are 16-bit input only")
     m = 301
     with _tuning.override(fwd_l1_alloc=2):
         plan = rtcnorm.explain("rms_norm", (m, n), dtype, mode=mode, residual=variant == "residual")
