@@ -272,6 +272,15 @@ def kernel_flags(kernel: str) -> int:
     return int(kernel.split(", ")[-2].rstrip("u"))
 
 
+def _explain_off_on(switch: str, op, shape, dtype, **kw) -> tuple[dict, dict]:
+    """explain() with the tuning switch `switch` forced off (1), then on (2)."""
+    plans = []
+    for value in (1, 2):
+        with _tuning.override(**{switch: value}):
+            plans.append(rtcnorm.explain(op, shape, dtype, **kw))
+    return plans[0], plans[1]
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize(
     ("m", "n", "small"),
@@ -289,12 +298,9 @@ def test_decode_sized_grids_prefetch_gamma_and_keep_registers(op, m, n, small):
         assert plan["kernel"].endswith(", 4>"), plan
     bare = rtcnorm.explain(op, (m, n), BF16, elementwise_affine=False, device="cpu", sm_count=132)
     assert not kernel_flags(bare["kernel"]) & PREFETCH_AFFINE
-    with _tuning.override(fwd_affine_prefetch=1):
-        off = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
-        assert not kernel_flags(off["kernel"]) & PREFETCH_AFFINE
-    with _tuning.override(fwd_affine_prefetch=2):
-        on = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
-        assert kernel_flags(on["kernel"]) & PREFETCH_AFFINE
+    off, on = _explain_off_on("fwd_affine_prefetch", op, (m, n), BF16, device="cpu", sm_count=132)
+    assert not kernel_flags(off["kernel"]) & PREFETCH_AFFINE
+    assert kernel_flags(on["kernel"]) & PREFETCH_AFFINE
 
 
 @pytest.mark.parametrize(
@@ -398,11 +404,6 @@ def test_narrow_forward_rows_vectors_per_thread(op, shape, dtype, residual, tpr,
 CACHED_ROW, TWO_PASS_STATS, L1_ALLOCATE = 1 << 4, 1 << 17, 1 << 18
 
 
-def _forward_flags(plan: dict) -> int:
-    # rtcnorm::<op>_fwd<T, W, N, VEC, TPR, ROWS, NV, FLAGSu, MIN_BLOCKS>
-    return int(plan["kernel"].split(", ")[7].rstrip("u"))
-
-
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "mode", "cluster", "two_pass"),
     [("layer_norm", (65536, 256), BF16, None, 0, True),
@@ -427,16 +428,13 @@ def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode,
     kw = dict(mode=mode, device="cpu", sm_count=132, arch="sm_90")
     with _tuning.override(fwd_cluster=cluster):
         plan = rtcnorm.explain(op, shape, dtype, **kw)
-        assert bool(_forward_flags(plan) & TWO_PASS_STATS) == two_pass, plan
+        assert bool(kernel_flags(plan["kernel"]) & TWO_PASS_STATS) == two_pass, plan
         assert ("statistics in two passes" in plan["reason"]) == two_pass, plan["reason"]
-        with _tuning.override(fwd_two_pass=1):
-            off = rtcnorm.explain(op, shape, dtype, **kw)
-        with _tuning.override(fwd_two_pass=2):
-            forced = rtcnorm.explain(op, shape, dtype, **kw)
-    assert _forward_flags(off) == _forward_flags(plan) & ~TWO_PASS_STATS
+        off, forced = _explain_off_on("fwd_two_pass", op, shape, dtype, **kw)
+    assert kernel_flags(off["kernel"]) == kernel_flags(plan["kernel"]) & ~TWO_PASS_STATS
     assert off["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
-    register_row = op == "layer_norm" and bool(_forward_flags(plan) & CACHED_ROW) and forced["cluster"] == 1
-    assert bool(_forward_flags(forced) & TWO_PASS_STATS) == register_row, forced
+    register_row = op == "layer_norm" and bool(kernel_flags(plan["kernel"]) & CACHED_ROW) and forced["cluster"] == 1
+    assert bool(kernel_flags(forced["kernel"]) & TWO_PASS_STATS) == register_row, forced
 
 
 @pytest.mark.parametrize(
@@ -457,18 +455,15 @@ def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode,
 )  # fmt: skip
 def test_large_forward_inputs_read_through_l1(op, shape, dtype, mode, residual, through_l1):
     """Forward inputs of 40 MB or more are read through L1 (kL1Allocate), unless
-    a cluster splits the row; smaller ones around it. fwd_l1_alloc=1 / 2 force either way and change nothing else;
-    the backward never takes the flag."""
+    a cluster splits the row; smaller ones around it. fwd_l1_alloc=1 / 2 force
+    either way and change nothing else; the backward never takes the flag."""
     kw = dict(mode=mode, residual=residual, device="cpu", sm_count=132, arch="sm_90")
     plan = rtcnorm.explain(op, shape, dtype, **kw)
-    assert bool(_forward_flags(plan) & L1_ALLOCATE) == through_l1, plan
+    assert bool(kernel_flags(plan["kernel"]) & L1_ALLOCATE) == through_l1, plan
     assert ("read through L1" in plan["reason"]) == through_l1, plan["reason"]
-    with _tuning.override(fwd_l1_alloc=1):
-        off = rtcnorm.explain(op, shape, dtype, **kw)
-    with _tuning.override(fwd_l1_alloc=2):
-        on = rtcnorm.explain(op, shape, dtype, **kw)
-    assert _forward_flags(off) == _forward_flags(plan) & ~L1_ALLOCATE
-    assert _forward_flags(on) == _forward_flags(plan) | L1_ALLOCATE
+    off, on = _explain_off_on("fwd_l1_alloc", op, shape, dtype, **kw)
+    assert kernel_flags(off["kernel"]) == kernel_flags(plan["kernel"]) & ~L1_ALLOCATE
+    assert kernel_flags(on["kernel"]) == kernel_flags(plan["kernel"]) | L1_ALLOCATE
     for other in (off, on):
         assert other["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
         assert other["backward"] == plan["backward"]

@@ -37,8 +37,9 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.zero_centered = zc;
         // Full grids and decode-sized ones (at most one CTA per SM) plan
         // different forward kernels, and so do inputs on either side of the
-        // size from which x is read through L1.
-        const int64_t under_l1 = (kL1AllocMinInputBytes - 1) / std::max<int64_t>(1, hidden * jit::element_size(dtype));
+        // size from which x is read through L1 (hidden >= 1: precompile checks
+        // it; a row of 40 MB or more has no row count under the size).
+        const int64_t under_l1 = (kL1AllocMinInputBytes - 1) / (hidden * jit::element_size(dtype));
         for (int res = 0; res <= int(!ln); ++res)
           for (int64_t rows : {int64_t(1) << 16, int64_t(1), std::max<int64_t>(1, under_l1), under_l1 + 1}) {
             p.residual = res;
