@@ -75,6 +75,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_cluster", &NormTuning::bwd_cluster, 8},
     {"bwd_stage", &NormTuning::bwd_stage, 2},
     {"bwd_min_row_blocks", &NormTuning::bwd_min_row_blocks, kNoCap},
+    {"bwd_programmatic", &NormTuning::bwd_programmatic, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -193,6 +194,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["cluster"] = b.key.cluster;
   bd["staged"] = (b.key.flags & kStagedRow) != 0;
   bd["smem"] = b.smem;
+  bd["programmatic_launch"] = b.programmatic;
   if (!b.split) {
     bd["row_blocks"] = b.row_blocks;
     std::string cap_why;

@@ -113,6 +113,41 @@ def test_weight_grads_are_bitwise_reproducible(op, n):
             assert torch.equal(again[name], first[name]), name
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(4096, 1024), (256, 8192), (300, 16384), (2048, 32768), (37, 131072), (1, 4096)],
+    ids=["registers", "staged-capped-grid", "staged-or-cluster", "cluster", "split", "one-row"],
+)
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_programmatic_launches_change_no_bit(op, shape, poison):
+    """The backward's later kernels (column kernel, column reduce) launched
+    programmatically (the sm_90+ rule) or plainly give the same bits, eagerly
+    and replayed from a CUDA graph, and match the reference."""
+    t = make(op, shape)
+    results = {}
+    for v in (1, 2):
+        with _tuning.override(bwd_programmatic=v):
+            assert rtcnorm.explain(op, shape, t["x"].dtype)["backward"]["programmatic_launch"] == (v == 2)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[v] = run(op, t)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run(op, t)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                replayed = run(op, t)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            graph.replay()
+            torch.cuda.synchronize()
+            for name in results[v]:
+                assert torch.equal(replayed[name], results[v][name]), (v, name)
+    for name in results[1]:
+        assert torch.equal(results[2][name], results[1][name]), name
+    check(op, results[2], ref(op, t), shape[0])
+
+
 @pytest.mark.parametrize("design", ["split", "reload"])
 @pytest.mark.parametrize(("shape", "strided"), [((37, 32768), False), ((5, 65544), True), ((300, 16384), True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

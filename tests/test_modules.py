@@ -470,6 +470,23 @@ def test_large_forward_inputs_read_through_l1(op, shape, dtype, mode, residual, 
         assert (other["grid"], other["block"], other["smem"]) == (plan["grid"], plan["block"], plan["smem"])
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape", [(4096, 1024), (256, 8192), (2048, 32768), (512, 131072), (1, 4096)])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+def test_backward_launches_later_kernels_programmatically_from_sm_90(op, shape, arch):
+    """On sm_90+ the backward's column kernel (split design) and column reduce
+    are launched programmatically; before sm_90 they are plain launches.
+    bwd_programmatic=1 / 2 force either way and change no kernel or grid."""
+    kw = dict(device="cpu", sm_count=132, arch=arch)
+    plan = rtcnorm.explain(op, shape, BF16, **kw)
+    assert plan["backward"]["programmatic_launch"] == (arch != "sm_80")
+    off, on = _explain_off_on("bwd_programmatic", op, shape, BF16, **kw)
+    assert not off["backward"]["programmatic_launch"] and on["backward"]["programmatic_launch"]
+    for other in (off, on):
+        assert {**other["backward"], "programmatic_launch": None} == {**plan["backward"], "programmatic_launch": None}
+        assert other["kernel"] == plan["kernel"]
+
+
 @pytest.mark.parametrize(
     ("n", "dtype", "threads", "elems"),
     [(8192, torch.bfloat16, 512, 16), (8192, torch.float32, 512, 16), (12288, torch.bfloat16, 384, 32),

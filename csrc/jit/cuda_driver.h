@@ -29,6 +29,7 @@ constexpr int kFuncAttrNumRegs = 4;
 constexpr int kFuncAttrSharedSizeBytes = 1;  // static shared memory
 constexpr int kStreamCaptureStatusNone = 0;
 constexpr int kLaunchAttrClusterDimension = 4;
+constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;  // sm_90+
 
 // cuLaunchKernelEx's launch description (cuda.h's CUlaunchConfig and
 // CUlaunchAttribute: an 8-byte id slot, then a 64-byte value union).
@@ -40,6 +41,7 @@ struct LaunchAttribute {
     struct {
       unsigned x, y, z;
     } cluster_dim;
+    int programmatic_serialization;  // 1: may start before the previous kernel ends
   } value;
 };
 static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute layout");
@@ -70,8 +72,9 @@ struct DriverApi {
                              void**, void**);
   CUresult (*cuStreamIsCapturing)(CUstream, int*);
   CUresult (*cuGetErrorString)(CUresult, const char**);
-  // Thread-block clusters (CUDA 12+ drivers); null on an older driver, where
-  // the planner's sm_90 cluster kernels cannot run anyway.
+  // Thread-block clusters and programmatic launches (CUDA 12+ drivers); null
+  // on an older driver, where the planner's sm_90 cluster kernels cannot run
+  // anyway and programmatic launches fall back to plain ones.
   CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);
   CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const LaunchConfig*);
 };

@@ -148,19 +148,27 @@ void make_current(CUcontext ctx) {
   if (cur != ctx) check_cu(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
-// A cuLaunchKernelEx description whose one attribute is the cluster shape
-// (cluster x 1 x 1). Not copyable: cfg points at attr.
-struct ClusterLaunch {
-  LaunchAttribute attr{};
+// A cuLaunchKernelEx description with the cluster shape (cluster x 1 x 1)
+// and, when asked, programmatic stream serialization. Not copyable: cfg
+// points at attrs.
+struct ExLaunch {
+  LaunchAttribute attrs[2]{};
   LaunchConfig cfg{};
-  ClusterLaunch(int cluster, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y, size_t smem,
-                CUstream stream) {
-    attr.id = kLaunchAttrClusterDimension;
-    attr.value.cluster_dim = {static_cast<unsigned>(cluster), 1, 1};
-    cfg = {grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(smem), stream, &attr, 1};
+  ExLaunch(int cluster, bool programmatic, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
+           size_t smem, CUstream stream) {
+    unsigned n = 0;
+    if (cluster > 1) {
+      attrs[n].id = kLaunchAttrClusterDimension;
+      attrs[n++].value.cluster_dim = {static_cast<unsigned>(cluster), 1, 1};
+    }
+    if (programmatic) {
+      attrs[n].id = kLaunchAttrProgrammaticStreamSerialization;
+      attrs[n++].value.programmatic_serialization = 1;
+    }
+    cfg = {grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(smem), stream, attrs, n};
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  ExLaunch(const ExLaunch&) = delete;
+  ExLaunch& operator=(const ExLaunch&) = delete;
 };
 
 }  // namespace
@@ -231,11 +239,12 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
   TORCH_CHECK(k.blocks_per_sm > 0, "rtcnorm: kernel ", key.describe(), " cannot run: no CTA of ", k.threads,
               " threads fits on an SM");
   k.cluster = key.cluster;
+  k.arch = key.arch;
   if (k.cluster > 1) {
     TORCH_CHECK(d.cuLaunchKernelEx != nullptr && d.cuOccupancyMaxActiveClusters != nullptr, "rtcnorm: kernel ",
                 key.describe(), " needs thread-block clusters, which this CUDA driver (", driver_version_string(),
                 ") does not offer; a CUDA 12 or newer driver does");
-    const ClusterLaunch one(k.cluster, k.cluster, 1, k.threads, 1, dyn_smem, stream);
+    const ExLaunch one(k.cluster, false, k.cluster, 1, k.threads, 1, dyn_smem, stream);
     check_cu(d.cuOccupancyMaxActiveClusters(&k.max_clusters, k.fn, &one.cfg), "cuOccupancyMaxActiveClusters");
     TORCH_CHECK(k.max_clusters > 0, "rtcnorm: kernel ", key.describe(), " cannot run: no cluster of ", k.cluster,
                 " CTAs fits on the device");
@@ -246,16 +255,18 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
 }
 
 void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
-            CUstream stream, void* params) {
+            CUstream stream, void* params, bool programmatic) {
   void* args[] = {params};
   make_current(k.ctx);
-  if (k.cluster > 1) {
-    const ClusterLaunch cl(k.cluster, grid_x, grid_y, block_x, block_y, k.smem, stream);
-    check_cu(driver().cuLaunchKernelEx(&cl.cfg, k.fn, args, nullptr), "cuLaunchKernelEx");
+  const DriverApi& d = driver();
+  programmatic = programmatic && k.arch >= 90 && d.cuLaunchKernelEx != nullptr;
+  if (k.cluster > 1 || programmatic) {
+    const ExLaunch ex(k.cluster, programmatic, grid_x, grid_y, block_x, block_y, k.smem, stream);
+    check_cu(d.cuLaunchKernelEx(&ex.cfg, k.fn, args, nullptr), "cuLaunchKernelEx");
     return;
   }
-  check_cu(driver().cuLaunchKernel(k.fn, grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(k.smem), stream,
-                                   args, nullptr),
+  check_cu(d.cuLaunchKernel(k.fn, grid_x, grid_y, 1, block_x, block_y, 1, static_cast<unsigned>(k.smem), stream, args,
+                            nullptr),
            "cuLaunchKernel");
 }
 

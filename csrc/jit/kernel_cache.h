@@ -45,6 +45,7 @@ struct LoadedKernel {
   int blocks_per_sm = 0;  // occupancy at (threads, smem)
   int registers = 0;
   int cluster = 1;       // CTAs per cluster every launch uses (key.cluster)
+  int arch = 0;          // key.arch: programmatic launches need sm_90+
   int max_clusters = 0;  // clusters of that shape resident on the whole device at once
 };
 
@@ -56,9 +57,13 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
 std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key);
 
 // Launches `k` with a single by-value parameter block; a cluster kernel's
-// grid_x must be a multiple of k.cluster.
+// grid_x must be a multiple of k.cluster. `programmatic` (honoured on sm_90+
+// with a CUDA 12+ driver, a plain launch otherwise) lets k's CTAs be
+// scheduled before the stream's previous kernel completes: k must then call
+// grid_dependency_wait() (kernels/common/grid_dep.cuh) before touching
+// memory that kernel uses.
 void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
-            CUstream stream, void* params);
+            CUstream stream, void* params, bool programmatic = false);
 
 // The current torch CUDA stream of `device`, as a driver handle.
 CUstream current_stream(int device);

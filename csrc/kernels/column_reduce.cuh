@@ -7,8 +7,12 @@
 //   ... of column blockIdx.x * 32 + tx in increasing order, then thread ty == 0
 //   adds the kSplit sums in increasing ty. The order of every addition is fixed
 //   by (parts, cols), so the result is bitwise reproducible. No atomics.
+// - On sm_90+ it is launched programmatically after the backward kernel that
+//   writes the partial rows (grid_dep.cuh): it waits for that grid to
+//   complete before its first read.
 #pragma once
 
+#include "common/grid_dep.cuh"
 #include "common/params.cuh"
 #include "common/types.cuh"
 
@@ -19,6 +23,7 @@ constexpr int kColumnReduceSplit = 16;
 template <typename W>
 __global__ void __launch_bounds__(32 * kColumnReduceSplit) column_reduce(const ColumnReduceParams p) {
   __shared__ float part[kColumnReduceSplit][33];
+  grid_dependency_wait();
   const float* partial = p.partial[blockIdx.y];
   const int col = blockIdx.x * 32 + threadIdx.x;
   float s = 0.f;

@@ -340,8 +340,9 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
     const jit::LoadedKernel& ck = jit::get_kernel(plan.coef_key, dev, stream, 0);
     jit::launch(ck, static_cast<unsigned>(d.rows), 1, static_cast<unsigned>(plan.coef_key.threads()), 1, stream, &prm);
   }
+  // After the coefficient kernel, the column kernel may launch programmatically.
   jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
-              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
+              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split && plan.programmatic);
 
   if (want_dw || want_db) {
     ColumnReduceParams rp{};
@@ -357,7 +358,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
     // dW and dB share a dtype (checked with the arguments).
     const jit::KernelKey rk = column_reduce_key(p.wdtype, info.arch);
     const jit::LoadedKernel& rkern = jit::get_kernel(rk, dev, stream, 0);
-    jit::launch(rkern, static_cast<unsigned>((d.hidden + 31) / 32), outputs, 32, 16, stream, &rp);
+    jit::launch(rkern, static_cast<unsigned>((d.hidden + 31) / 32), outputs, 32, 16, stream, &rp, plan.programmatic);
   }
   return out;
 }

@@ -653,7 +653,9 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   return with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain);
 }
 
-NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
+namespace {
+
+NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
   const int forced = norm_tuning().bwd_cluster;
   NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, arch, explain);
   // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
@@ -670,6 +672,19 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const BwdCtaHint hint = wide16 ? BwdCtaHint{kBwd16CacheElems, true} : BwdCtaHint{};
   const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain, hint);
   return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
+}
+
+}  // namespace
+
+// Programmatic launches of the backward's later kernels (sm_90+): their CTAs
+// are scheduled while the previous kernel drains, so the launch gap between
+// them is hidden. Results are unchanged (each waits for the previous grid
+// before touching memory).
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
+  NormBwdPlan plan = plan_bwd_layout(p, want_dw, want_db, grad_dh, arch, explain);
+  const int forced = norm_tuning().bwd_programmatic;
+  plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
+  return plan;
 }
 
 // H100 kernel-only sweep (benchmarks/NOTES.md, entry 22): every persistent

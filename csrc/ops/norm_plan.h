@@ -57,6 +57,9 @@ struct NormBwdPlan {
   jit::KernelKey coef_key;
   int64_t row_blocks = 0;
   size_t smem = 0;  // dynamic shared memory: the staging ring, or the CTA's partial-row combine (the larger)
+  // The kernels after the first (the split design's column kernel, the column
+  // reduce) are launched programmatically (sm_90+, kernels/common/grid_dep.cuh).
+  bool programmatic = false;
   std::string reason;
 };
 

@@ -57,6 +57,9 @@ struct NormTuning {
   // Backward persistent grid: the fewest row blocks each CTA (cluster) owns,
   // so that its fp32 partial row stays small beside the rows it reads.
   int bwd_min_row_blocks = 0;
+  // Backward's second and third kernels: 1 = plain launches, 2 = launched
+  // programmatically (the rule on sm_90+; no effect before sm_90).
+  int bwd_programmatic = 0;
 };
 
 NormTuning& norm_tuning();

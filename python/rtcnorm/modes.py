@@ -41,7 +41,11 @@ being copied while the current one is reduced (``explain(...)["backward"]
 On sm_90 and newer it splits float32 rows of more than 8192
 elements, and 16-bit rows of up to 65536 that one CTA does not hold, across a
 cluster the same way (16-bit slices of 4096 elements, staged). Wider rows
-run a split design that streams them twice.
+run a split design that streams them twice. On sm_90 and newer the kernels
+that follow the first (the column reduce of the dW/dB partials, and the split
+design's column kernel) are launched programmatically: their CTAs are
+scheduled while the previous kernel drains and wait for it on the GPU, which
+hides the launch gap between them (``["backward"]["programmatic_launch"]``).
 """
 
 _OPS = ("rms_norm", "layer_norm")

@@ -38,8 +38,12 @@
 //   accumulators of its slice, the row sums meet through the cluster, and
 //   cluster c writes partial row c (gridDim.x / CL rows), each CTA its slice.
 //   Bundles then hold N / CL floats.
+// - The column reduce that follows is launched programmatically on sm_90+
+//   (grid_dep.cuh): every CTA lets it be scheduled at its start, and it waits
+//   for this grid to complete before reading the partial rows.
 #pragma once
 
+#include "common/grid_dep.cuh"
 #include "common/norm_fwd.cuh"
 
 namespace rtcnorm {
@@ -136,6 +140,7 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
 __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
+  allow_dependents();
   constexpr int kCl = 1 << ((FLAGS & kClusterBits) >> kClusterShift);
   constexpr int kSlice = N / kCl;      // columns of this CTA's slice of a row
   constexpr int kVecs = kSlice / VEC;  // and its vectors

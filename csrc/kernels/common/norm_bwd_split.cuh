@@ -22,6 +22,9 @@
 // - The same per-element arithmetic as norm_bwd.cuh (dy*g rounded once, the
 //   same c1/c2 formulas), so the two designs agree to rounding of the sums.
 // - gridDim.y * rows_per_tile >= rows and every row tile holds >= 1 row.
+// - On sm_90+ norm_bwd_cols and the column reduce are launched
+//   programmatically (grid_dep.cuh): each waits for the previous grid before
+//   touching memory.
 #pragma once
 
 #include "common/norm_bwd.cuh"
@@ -31,6 +34,7 @@ namespace rtcnorm {
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int NV, unsigned FLAGS>
 __device__ __forceinline__ void norm_bwd_coef(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
+  allow_dependents();
   constexpr int kVecs = N / VEC;
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
@@ -79,6 +83,10 @@ __device__ __forceinline__ void norm_bwd_cols(const NormBwdParams& p) {
   constexpr bool kDb = (FLAGS & kWantDb) != 0;
   constexpr bool kDh = (FLAGS & kGradDh) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
+  // Launched programmatically after norm_bwd_coef (sm_90+): row_coef is read
+  // only after that grid has completed.
+  grid_dependency_wait();
+  allow_dependents();
   const int v = blockIdx.x * CT + threadIdx.x;
   if (v >= kVecs) return;  // no barriers below: idle columns may leave
   const long long r0 = 1LL * blockIdx.y * p.rows_per_tile;
