@@ -11,6 +11,10 @@ Bytes counted (the fewest the op must move):
 - backward (through autograd: torch.autograd.grad(y, x, dy, retain_graph=True)):
   y + dy + dx.
 "% copy" is against a device-to-device copy_ of the same byte count in this run.
+"<impl> kernel" is the same byte count over the device time per call from
+torch.profiler (host overhead left out), for rtcnorm and every peer; "best peer
+kernel" is the highest peer's, and "kernel vs best" rtcnorm's over it: the fair
+comparison when a slow host makes the peers' per-call times host-bound.
 
     python benchmarks/bench_softmax.py [--kinds masked,causal,aligned_causal] [--dtype bf16] [--quick]
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import sys
 
@@ -112,6 +117,11 @@ def gbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
+def kernel_gbps(nbytes: int, kernel_ms: float) -> float | None:
+    """GB/s over the profiled device time; None when the profiler saw no device work."""
+    return gbps(nbytes, kernel_ms) if math.isfinite(kernel_ms) and kernel_ms > 0 else None
+
+
 def measure(impl, kind, x, hidden, scale, dy, phase):
     """(ms, kernel ms) of one implementation and phase; raises if it cannot run."""
     if phase == "fwd":
@@ -148,7 +158,8 @@ def bench_shape(kind, shape, dtype, impls, phases, table):
     for phase in phases:
         copy = harness.copy_gbps(nbytes[phase])
         row = {"op": f"softmax_{kind}", "shape": "x".join(map(str, shape)), "phase": phase, "copy": round(copy)}
-        best_peer = 0.0
+        best_peer = best_peer_kernel = 0.0  # 0.0: no peer ran (or none had device work)
+        rtc_kernel = None
         for name, impl in impls.items():
             try:
                 ms, kernel_ms = measure(impl, kind, x, hidden, scale, dy, phase)
@@ -158,18 +169,23 @@ def bench_shape(kind, shape, dtype, impls, phases, table):
                 gc.collect()
                 torch.cuda.empty_cache()
                 continue
-            rate = gbps(nbytes[phase], ms)
+            rate, kernel_rate = gbps(nbytes[phase], ms), kernel_gbps(nbytes[phase], kernel_ms)
             row[name] = round(rate)
+            row[f"{name} kernel"] = round(kernel_rate) if kernel_rate else "-"
             if name == "rtcnorm":
                 row["rtcnorm %copy"] = round(100 * rate / copy, 1)
-                row["rtcnorm kernel"] = round(gbps(nbytes[phase], kernel_ms))
+                rtc_kernel = kernel_rate
             else:
                 best_peer = max(best_peer, rate)
+                best_peer_kernel = max(best_peer_kernel, kernel_rate or 0.0)
             gc.collect()
             torch.cuda.empty_cache()
         row["best peer"] = round(best_peer) if best_peer else "-"
         if best_peer and isinstance(row.get("rtcnorm"), int):
             row["vs best"] = f"{row['rtcnorm'] / best_peer:.2f}x"
+        row["best peer kernel"] = round(best_peer_kernel) if best_peer_kernel else "-"
+        if best_peer_kernel and rtc_kernel:
+            row["kernel vs best"] = f"{rtc_kernel / best_peer_kernel:.2f}x"
         table.add(row)
 
 
@@ -189,7 +205,9 @@ def main():
     impls = implementations(not args.no_peers)
     phases = args.phases.split(",")
     columns = ["op", "shape", "phase", "copy", "rtcnorm", "rtcnorm %copy", "rtcnorm kernel"]
-    columns += [n for n in impls if n != "rtcnorm"] + ["best peer", "vs best"]
+    peers = [n for n in impls if n != "rtcnorm"]
+    columns += peers + ["best peer", "vs best"]
+    columns += [f"{n} kernel" for n in peers] + ["best peer kernel", "kernel vs best"]
     table = harness.Table(f"Softmax family, {args.dtype}, {torch.cuda.get_device_name()} (GB/s)", columns)
     for kind in args.kinds.split(","):
         for shape in shapes[kind][: 2 if args.quick else None]:

@@ -14,6 +14,17 @@ weights; stats are fp32):
 - layer_norm fwd: x + y + weight + bias                          = 2*M*N*s + 2*N*sw
 - layer_norm bwd: x + dy + dx + weight + dW + dB + rstd + mean   = 3*M*N*s + 3*N*sw + 8*M
 The bias is not read by the backward, so it is not counted there.
+
+Two comparisons with the peers sit side by side in the wide table. Call level:
+`best_peer` is the highest GB/s of a peer whose accuracy check passed (`peer` names
+it) and `rtc/best` is rtcnorm's GB/s over it; `rtc_us` is rtcnorm's time per call.
+Kernel level, from torch.profiler (device work per call, host overhead left out;
+measured for rtcnorm and every peer, not for the forced modes): `kern_us` is
+rtcnorm's, `peer_kern_us` the smallest of a peer whose check passed (`kpeer` names
+it), and `kern best/rtc` = peer_kern_us / kern_us, so >= 1 means rtcnorm's device
+time is at most the best peer's. A host-bound peer can trail on `rtc/best` while
+its kernels are fast: `kern best/rtc` is the fair comparison on a slow host. The
+saved rows also keep each peer's kernel time as `kern_us_<peer>`.
 """
 
 from __future__ import annotations
@@ -200,7 +211,7 @@ def measure(op: str, m: int, n: int, dname: str, impls: list[str], modes, args) 
                     grad = True
                 ms = H.bench(fn, grad=grad)
                 rec.update(ms=ms, gbps=H.gbps(nbytes, ms), pct_copy=100 * H.gbps(nbytes, ms) / copy[ph], check=check)
-                if impl == "rtcnorm":
+                if impl == "rtcnorm" or impl in PEERS:  # the forced modes: call level only
                     kms = H.profiler_kernel_ms(fn, iters=args.prof_iters)
                     rec["kern_us"] = kms * 1e3 if math.isfinite(kms) else None
                 if check:
@@ -228,6 +239,8 @@ def _wide_rows(recs, peers, with_dtype: bool):
         if r["impl"] == "rtcnorm":
             row["rtc_us"] = r["ms"] * 1e3 if r.get("ms") else None
             row["kern_us"] = r.get("kern_us")
+        elif r.get("kern_us") is not None:
+            row[f"kern_us_{r['impl']}"] = r["kern_us"]
         if r.get("check"):
             row["notes"] = (row.get("notes", "") + f" {r['impl']}!").strip()
     for key, group in _group(recs).items():
@@ -238,6 +251,15 @@ def _wide_rows(recs, peers, with_dtype: bool):
             row["best_peer"], row["peer"] = best, name
             rtc = row.get("rtcnorm")
             row["rtc/best"] = rtc / best if isinstance(rtc, float) else None
+        # kern_us is None or finite (measure stores no NaN), so min() is well defined.
+        kcands = [
+            (r["kern_us"], r["impl"]) for r in group if r["impl"] in peers and r.get("kern_us") and not r.get("check")
+        ]
+        if kcands:
+            best, name = min(kcands)
+            row["peer_kern_us"], row["kpeer"] = best, name
+            rtc = row.get("kern_us")
+            row["kern best/rtc"] = best / rtc if rtc else None
     return list(rows.values())
 
 
@@ -340,11 +362,14 @@ def main(op: str, argv=None) -> None:
     env = H.environment()
     where = f"{env.get('gpu', env['device'])}, {env['timer']}"
     dt = "" if len(a.dtypes) > 1 else f" {a.dtypes[0]}"
-    title = f"{op}{dt} on {where}: GB/s (% of copy); '=' same backward kernel as rtcnorm; '-' failed or missing"
+    title = (
+        f"{op}{dt} on {where}: GB/s (% of copy), *_us in µs; '=' same backward kernel as rtcnorm; '-' failed or missing"
+    )
     cols = [LABELS.get(i, i) for i in impls]
     head = ["shape", "dtype", "phase"] if len(a.dtypes) > 1 else ["shape", "phase"]
-    wide = H.Table(title, [*head, "copy", *cols, "best_peer", "peer", "rtc/best"], pct_of="copy")
-    wide.pct_cols = {*cols, "best_peer"}
+    kern = ["rtc_us", "kern_us", "peer_kern_us", "kpeer", "kern best/rtc"]
+    wide = H.Table(title, [*head, "copy", *cols, "best_peer", "peer", "rtc/best", *kern], pct_of="copy")
+    wide.pct_cols = {*cols, "best_peer"}  # GB/s columns only: times and ratios are never % of copy
     for row in _wide_rows(recs, peers, len(a.dtypes) > 1):
         wide.add(row)
     heur = H.Table(f"{op}: heuristic vs best forced mode (target: gap <= {HEURISTIC_TOLERANCE:.0f}%)", [])
@@ -370,7 +395,10 @@ def main(op: str, argv=None) -> None:
     if heur.rows:
         heur.print()
     _summary(op, a, recs, issues, heur, wide, meta, saved, time.perf_counter() - t0)
-    wide.print()
+    # The per-peer kern_us_<peer> columns stay in the saved files; the terminal shows the best one.
+    shown = H.Table(wide.title, [c for c in wide.columns if not c.startswith("kern_us_")], pct_of=wide.pct_of)
+    shown.pct_cols, shown.rows = wide.pct_cols, wide.rows
+    shown.print()
 
 
 def _summary(op, a, recs, issues, heur, wide, meta, saved, seconds) -> None:
@@ -395,5 +423,14 @@ def _summary(op, a, recs, issues, heur, wide, meta, saved, seconds) -> None:
         where = f"{worst['shape']} {worst.get('dtype', a.dtype)} {worst['phase']}"
         print(
             f"rtcnorm >= best peer on {beat}/{len(ratios)} rows; worst {where} x{worst['rtc/best']:.2f} vs {worst['peer']}"
+        )
+    kratios = [r for r in wide.rows if isinstance(r.get("kern best/rtc"), float)]
+    if kratios:
+        worst = min(kratios, key=lambda r: r["kern best/rtc"])
+        beat = sum(r["kern best/rtc"] >= 1.0 for r in kratios)
+        where = f"{worst['shape']} {worst.get('dtype', a.dtype)} {worst['phase']}"
+        print(
+            f"kernel time: rtcnorm <= best peer on {beat}/{len(kratios)} rows; "
+            f"worst {where} x{worst['kern best/rtc']:.2f} vs {worst['kpeer']}"
         )
     print("saved: " + ", ".join(saved), flush=True)
