@@ -220,6 +220,20 @@ static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_thread
   return ceil_div(p.rows, rows_per_cta) >= int64_t(kMinBlocksPerSm) * sm_count ? nv : kBase;
 }
 
+// Vectors per thread of a wide (non-narrow) forward row. H200 sweeps set 8
+// (128 bytes a thread) for bandwidth-bound grids. A problem whose threads at
+// 2 vectors each fill at most half the device's thread slots is latency-
+// bound instead: every thread then runs a shorter load-reduce-store chain
+// (H100 kernel-only, 8 -> 2 vectors, us: RMSNorm 1x4096 2.71 -> 2.27, 32x4096
+// 3.04 -> 2.53, 256x8192 5.62 -> 5.04; LayerNorm 1x4096 3.51 -> 2.64, 32x4096
+// 3.92 -> 2.86, 256x8192 6.66 -> 5.76), while 4096x1024 (a full device at 2)
+// lost with it (RMSNorm 7.62 -> 8.30).
+constexpr int kWideVecs = 8, kLatencyVecs = 2, kLatencyThreadsPerSm = 1024;
+static int wide_vecs_target(const NormProblem& p, int sm_count) {
+  const int64_t threads = p.rows * ceil_div(p.hidden / choose_vec(p), int64_t(kLatencyVecs));
+  return threads <= int64_t(sm_count) * kLatencyThreadsPerSm ? kLatencyVecs : kWideVecs;
+}
+
 // The plan for one CTA (or row group) per row; plan_norm_fwd may split the
 // row across a cluster of such CTAs instead.
 static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
@@ -230,7 +244,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // CTAs. Narrow rows share 256-thread CTAs; narrow_vecs_target gives their
   // vectors per thread (H100 sweep, benchmarks/NOTES.md entry 24).
   const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
-  const int kFwdVecsTarget = pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, kCtaThreads) : 8);
+  const int kFwdVecsTarget =
+      pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, kCtaThreads) : wide_vecs_target(p, sm_count));
   // Raw row bytes a thread may keep: 128 B is 64 bf16 or 32 fp32 values.
   const int kFwdCacheBytes = pick(t.fwd_cache_bytes, 128);
   NormFwdPlan plan;
@@ -323,6 +338,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
     } else {
       mode = NormMode::kMultiWaveCached;
       why << "row fits in registers (" << nv_row * vec << " elements per thread): read x once";
+      if (kFwdVecsTarget == kLatencyVecs && t.fwd_vecs_target == 0 && nv_row < kWideVecs)
+        why << "; few rows (latency-bound): " << nv_row << " vectors per thread rather than " << kWideVecs;
     }
   } else {
     why << "mode requested";
