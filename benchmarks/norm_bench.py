@@ -416,21 +416,18 @@ def _summary(op, a, recs, issues, heur, wide, meta, saved, seconds) -> None:
         worst = max(heur.rows, key=lambda r: r["gap_pct"])
         print(f"heuristic within {HEURISTIC_TOLERANCE:.0f}% of the best mode: {len(heur.rows) - len(misses)}/", end="")
         print(f"{len(heur.rows)}; worst {worst['shape']} {worst['phase']} {worst['gap_pct']:.1f}%")
-    ratios = [r for r in wide.rows if isinstance(r.get("rtc/best"), float)]
-    if ratios:
-        worst = min(ratios, key=lambda r: r["rtc/best"])
-        beat = sum(r["rtc/best"] >= 1.0 for r in ratios)
-        where = f"{worst['shape']} {worst.get('dtype', a.dtype)} {worst['phase']}"
-        print(
-            f"rtcnorm >= best peer on {beat}/{len(ratios)} rows; worst {where} x{worst['rtc/best']:.2f} vs {worst['peer']}"
-        )
-    kratios = [r for r in wide.rows if isinstance(r.get("kern best/rtc"), float)]
-    if kratios:
-        worst = min(kratios, key=lambda r: r["kern best/rtc"])
-        beat = sum(r["kern best/rtc"] >= 1.0 for r in kratios)
-        where = f"{worst['shape']} {worst.get('dtype', a.dtype)} {worst['phase']}"
-        print(
-            f"kernel time: rtcnorm <= best peer on {beat}/{len(kratios)} rows; "
-            f"worst {where} x{worst['kern best/rtc']:.2f} vs {worst['kpeer']}"
-        )
+    _ratio_line(wide.rows, "rtc/best", "peer", "rtcnorm >= best peer", a.dtype)
+    _ratio_line(wide.rows, "kern best/rtc", "kpeer", "kernel time: rtcnorm <= best peer", a.dtype)
     print("saved: " + ", ".join(saved), flush=True)
+
+
+def _ratio_line(rows, key: str, peer_key: str, label: str, dtype: str) -> None:
+    """'<label> on X/Y rows; worst ...' over the rows where `key` (rtcnorm against
+    the best peer, >= 1 where rtcnorm leads) was measured."""
+    ratios = [r for r in rows if isinstance(r.get(key), float)]
+    if not ratios:
+        return
+    worst = min(ratios, key=lambda r: r[key])
+    beat = sum(r[key] >= 1.0 for r in ratios)
+    where = f"{worst['shape']} {worst.get('dtype', dtype)} {worst['phase']}"
+    print(f"{label} on {beat}/{len(ratios)} rows; worst {where} x{worst[key]:.2f} vs {worst[peer_key]}")
