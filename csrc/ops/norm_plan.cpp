@@ -229,9 +229,13 @@ static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_thread
 // 3.92 -> 2.86, 256x8192 6.66 -> 5.76), while 4096x1024 (a full device at 2)
 // lost with it (RMSNorm 7.62 -> 8.30).
 constexpr int kWideVecs = 8, kLatencyVecs = 2, kLatencyThreadsPerSm = 1024;
+
+int64_t few_rows_max(const NormProblem& p, int sm_count) {
+  return int64_t(sm_count) * kLatencyThreadsPerSm / ceil_div(p.hidden / choose_vec(p), int64_t(kLatencyVecs));
+}
+
 static int wide_vecs_target(const NormProblem& p, int sm_count) {
-  const int64_t threads = p.rows * ceil_div(p.hidden / choose_vec(p), int64_t(kLatencyVecs));
-  return threads <= int64_t(sm_count) * kLatencyThreadsPerSm ? kLatencyVecs : kWideVecs;
+  return p.rows <= few_rows_max(p, sm_count) ? kLatencyVecs : kWideVecs;
 }
 
 // The plan for one CTA (or row group) per row; plan_norm_fwd may split the
@@ -650,11 +654,11 @@ static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int
 // faster from 40 MB of x up (bf16 RMSNorm 16384x8192 182.3 -> 180.0 us,
 // LayerNorm 16384x7168 162.6 -> 160.5, fp32 LayerNorm 8192x8192 188.6 ->
 // 184.7), but 0.5-4% slower at 32 MB and below (LayerNorm 4096x4096 25.7 ->
-// 26.6, 8192x2048 26.2 -> 26.7), so L2-sized inputs keep L1::no_allocate. The backward keeps it everywhere: through L1
-// it lost 1-5% (fp32 RMSNorm 16384x4096 284 -> 301 us). So do rows split
-// across a cluster, whose slices ran 1-3% slower through L1 (RMSNorm
-// 512x131072 106.4 -> 107.8 us, 256x262144 111.4 -> 114.7; LayerNorm
-// 512x131072 153.1 -> 157.4).
+// 26.6, 8192x2048 26.2 -> 26.7), so L2-sized inputs keep L1::no_allocate.
+// The backward keeps it everywhere: through L1 it lost 1-5% (fp32 RMSNorm
+// 16384x4096 284 -> 301 us). So do rows split across a cluster, whose
+// slices ran 1-3% slower through L1 (RMSNorm 512x131072 106.4 -> 107.8 us,
+// 256x262144 111.4 -> 114.7; LayerNorm 512x131072 153.1 -> 157.4).
 static NormFwdPlan with_load_rule(NormFwdPlan plan, const NormProblem& p, bool explain) {
   const int forced = norm_tuning().fwd_l1_alloc;
   const int64_t input_bytes = p.rows * p.hidden * jit::element_size(p.dtype);
@@ -670,9 +674,8 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   return with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain);
 }
 
-namespace {
-
-NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
+static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
+                                   bool explain) {
   const int forced = norm_tuning().bwd_cluster;
   NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, arch, explain);
   // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
@@ -690,8 +693,6 @@ NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bo
   const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain, hint);
   return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
-
-}  // namespace
 
 // Programmatic launches of the backward's later kernels (sm_90+): their CTAs
 // are scheduled while the previous kernel drains, so the launch gap between

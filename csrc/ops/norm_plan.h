@@ -38,6 +38,10 @@ struct NormProblem {
   bool residual = false;
 };
 
+// The most rows for which a wide (non-narrow) forward takes the few-rows,
+// latency-bound layout of 2 vectors a thread (the rule is in norm_plan.cpp).
+int64_t few_rows_max(const NormProblem& p, int sm_count);
+
 struct NormFwdPlan {
   jit::KernelKey key;
   NormMode mode = NormMode::kAuto;  // resolved, never kAuto

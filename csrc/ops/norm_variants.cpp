@@ -1,8 +1,8 @@
 // Every norm kernel a call may launch for (dtype, N, mode, arch): the forward
 // for each weight/bias/zero-centred/residual combination, the backward for
 // each gradient combination, and the dW/dB column reducer; forwards for full
-// and for decode-sized grids. Assumes aligned tensors (the widest vector
-// access), as freshly allocated tensors are.
+// grids, few-row grids and decode-sized ones. Assumes aligned tensors (the
+// widest vector access), as freshly allocated tensors are.
 #include <algorithm>
 
 #include "ops/norm_plan.h"
@@ -35,13 +35,15 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.has_weight = has_w;
         p.has_bias = has_b;
         p.zero_centered = zc;
-        // Full grids and decode-sized ones (at most one CTA per SM) plan
-        // different forward kernels, and so do inputs on either side of the
-        // size from which x is read through L1 (hidden >= 1: precompile checks
-        // it; a row of 40 MB or more has no row count under the size).
+        // Full grids, few-row ones (2 vectors a thread, up to few_rows_max)
+        // and decode-sized ones (at most one CTA per SM) plan different
+        // forward kernels, and so do inputs on either side of the size from
+        // which x is read through L1 (hidden >= 1: precompile checks it; a row
+        // of 40 MB or more has no row count under the size).
         const int64_t under_l1 = (kL1AllocMinInputBytes - 1) / (hidden * jit::element_size(dtype));
+        const int64_t few = std::max<int64_t>(1, few_rows_max(p, 132));
         for (int res = 0; res <= int(!ln); ++res)
-          for (int64_t rows : {int64_t(1) << 16, int64_t(1), std::max<int64_t>(1, under_l1), under_l1 + 1}) {
+          for (int64_t rows : {int64_t(1) << 16, int64_t(1), few, std::max<int64_t>(1, under_l1), under_l1 + 1}) {
             p.residual = res;
             p.rows = rows;
             for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
