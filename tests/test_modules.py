@@ -243,9 +243,15 @@ def test_backward_launch_bounds_leave_layer_norm_its_registers(op, n, minb):
         ("rms_norm", 8192, False, "multi_wave_cached", 7, BF16, None),
         ("layer_norm", 8192, False, "multi_wave_cached", 7, BF16, None),
         ("rms_norm", 7168, False, "multi_wave_cached", 7, BF16, None),
-        # float32 rows or gamma, and 96-thread CTAs, spill below 128 registers
+        # float32 RMSNorm rows (one float32 affine tensor) fit 64 registers
+        ("rms_norm", 4096, False, "multi_wave_cached", 8, torch.float32, None),
+        ("rms_norm", 1024, False, "multi_wave_cached", 8, torch.float32, None),
+        # float32 gamma and beta, float32 gamma beside a 16-bit row, and 96-thread
+        # CTAs spill below 128 registers
+        ("layer_norm", 4096, False, "multi_wave_cached", 4, torch.float32, None),
         ("layer_norm", 4096, False, "multi_wave_cached", 4, BF16, torch.float32),
-        ("rms_norm", 4096, False, "multi_wave_cached", 4, torch.float32, None),
+        ("rms_norm", 4096, False, "multi_wave_cached", 4, BF16, torch.float32),
+        ("rms_norm", 3072, False, "multi_wave_cached", 4, torch.float32, None),
         ("rms_norm", 8192, True, "multi_wave_cached", 4, BF16, None),
         ("layer_norm", 6144, False, "static_persistent", 4, BF16, None),  # 4 x 96 threads per SM: persistent
         ("rms_norm", 6144, False, "multi_wave_cached", 4, BF16, None),
@@ -253,7 +259,7 @@ def test_backward_launch_bounds_leave_layer_norm_its_registers(op, n, minb):
 )
 def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb, dtype, wdtype):
     """Register-cached rows of up to 80 bytes per thread run 8 CTAs per SM, 16-bit rows
-    of up to 128 bytes in 128-thread CTAs 7 or 8; LayerNorm rows whose launch bounds
+    of up to 128 bytes in 128-thread CTAs 7 or 8, float32 RMSNorm rows there 8; LayerNorm rows whose launch bounds
     guarantee under 512 threads per SM take the persistent grid."""
     kw = {} if wdtype is None else {"weight_dtype": wdtype}
     plan = rtcnorm.explain(op, (16384, n), dtype, residual=residual, device="cpu", **kw)

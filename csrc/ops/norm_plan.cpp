@@ -287,17 +287,25 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // 8 spills RMSNorm at N = 8192 and loses 1%. float32 gamma and beta spill
   // 100-300 bytes there, and 96-thread CTAs (N = 6144) 144, so they keep 4.
   //
+  // float32 RMSNorm rows (float32 gamma, no beta) in 128-thread CTAs take 8
+  // whether the CTA holds one row or several: with one affine tensor ptxas
+  // fits 64 registers without spilling (H100, kernel-only, 4 -> 8, us:
+  // 4096x768 14.5 -> 13.0, 4096x1024 17.9 -> 15.8, 4096x2048 29.2 -> 28.1,
+  // 4096x4096 51.8 -> 49.9; 16384-32768 rows 0-2.7%; benchmarks/NOTES.md
+  // entry 32).
+  //
   // A grid of at most one CTA per SM (decode-sized M) is latency-bound, not
   // occupancy-bound: it keeps 4, whose extra registers let ptxas issue the
   // row's loads together (H100, 8..128 x 4096: +5-25% per call).
   const int thread_bytes = nv_row * vec * esize;
-  const bool half_row = esize == 2 && jit::element_size(p.wdtype) == 2 && tpr * rows == 128;
+  const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && jit::element_size(p.wdtype) == 4;
+  const bool light_affine = (rms_fp32_row || (esize == 2 && jit::element_size(p.wdtype) == 2)) && tpr * rows == 128;
   const bool small_grid = plan.row_blocks <= sm_count;
   int reg_blocks = 4;
   if (!small_grid && !p.residual && thread_bytes <= 80)
     reg_blocks = 8;
-  else if (!small_grid && !p.residual && half_row && thread_bytes <= 128)
-    reg_blocks = rows >= 2 ? 8 : 7;
+  else if (!small_grid && !p.residual && light_affine && thread_bytes <= 128)
+    reg_blocks = rows >= 2 || rms_fp32_row ? 8 : 7;
   const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
   // at N = 6144 taking 168 registers) LayerNorm's multi-wave grid has too few
