@@ -739,7 +739,8 @@ int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why) {
     *why = forced > 0 ? "; the grid is also capped at ceil(row blocks / bwd_min_row_blocks) = " + std::to_string(cap) +
                             (plan.key.cluster > 1 ? " clusters" : " CTAs") + ", by the tuning override"
                       : "; the grid is also capped at max(SMs / 2, row blocks / 8) = " + std::to_string(cap) +
-                            " CTAs, which binds when rows are few: fewer fp32 partial rows to write and reduce";
+                            " CTAs (it binds only below the resident CTAs, when rows are few: fewer fp32 "
+                            "partial rows to write and reduce)";
   return cap;
 }
 
