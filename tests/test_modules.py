@@ -258,9 +258,10 @@ def test_backward_launch_bounds_leave_layer_norm_its_registers(op, n, minb):
     ],
 )
 def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb, dtype, wdtype):
-    """Register-cached rows of up to 80 bytes per thread run 8 CTAs per SM, 16-bit rows
-    of up to 128 bytes in 128-thread CTAs 7 or 8, float32 RMSNorm rows there 8; LayerNorm rows whose launch bounds
-    guarantee under 512 threads per SM take the persistent grid."""
+    """Register-cached rows of up to 80 bytes per thread run 8 CTAs per SM; rows of up
+    to 128 bytes in 128-thread CTAs run 7 or 8 when 16-bit, 8 when float32 RMSNorm;
+    LayerNorm rows whose launch bounds guarantee under 512 threads per SM take the
+    persistent grid."""
     kw = {} if wdtype is None else {"weight_dtype": wdtype}
     plan = rtcnorm.explain(op, (16384, n), dtype, residual=residual, device="cpu", **kw)
     assert plan["mode"] == mode and plan["kernel"].endswith(f", {minb}>"), plan
