@@ -294,6 +294,12 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // 4096x4096 51.8 -> 49.9; 16384-32768 rows 0-2.7%; benchmarks/NOTES.md
   // entry 32).
   //
+  // LayerNorm rows with float32 gamma and beta there spill at 64 registers
+  // but not at 80 (6 CTAs, float32 rows) or 96 (5, 16-bit rows), and run
+  // 0.4-3.8% faster than at 4 (H100, kernel-only, us: float32 4096x1024
+  // 18.3 -> 17.6, 4096x2048 30.0 -> 28.9; bf16 rows 16384x1024 33.0 -> 31.9,
+  // 4096x4096 33.0 -> 32.0; benchmarks/NOTES.md entry 33).
+  //
   // A grid of at most one CTA per SM (decode-sized M) is latency-bound, not
   // occupancy-bound: it keeps 4, whose extra registers let ptxas issue the
   // row's loads together (H100, 8..128 x 4096: +5-25% per call).
@@ -306,6 +312,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
     reg_blocks = 8;
   else if (!small_grid && !p.residual && light_affine && thread_bytes <= 128)
     reg_blocks = rows >= 2 || rms_fp32_row ? 8 : 7;
+  else if (!small_grid && p.kind == kLayerNorm && jit::element_size(p.wdtype) == 4 && tpr * rows == 128 &&
+           thread_bytes <= 128)
+    reg_blocks = esize == 4 ? 6 : 5;
   const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
   // at N = 6144 taking 168 registers) LayerNorm's multi-wave grid has too few
