@@ -304,16 +304,17 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // occupancy-bound: it keeps 4, whose extra registers let ptxas issue the
   // row's loads together (H100, 8..128 x 4096: +5-25% per call).
   const int thread_bytes = nv_row * vec * esize;
-  const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && jit::element_size(p.wdtype) == 4;
-  const bool light_affine = (rms_fp32_row || (esize == 2 && jit::element_size(p.wdtype) == 2)) && tpr * rows == 128;
+  const int wsize = jit::element_size(p.wdtype);
   const bool small_grid = plan.row_blocks <= sm_count;
+  // Rows of 81-128 bytes a thread in 128-thread CTAs (the cases below).
+  const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
+  const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
   int reg_blocks = 4;
   if (!small_grid && !p.residual && thread_bytes <= 80)
     reg_blocks = 8;
-  else if (!small_grid && !p.residual && light_affine && thread_bytes <= 128)
+  else if (full_cta_row && (rms_fp32_row || (esize == 2 && wsize == 2)))
     reg_blocks = rows >= 2 || rms_fp32_row ? 8 : 7;
-  else if (!small_grid && p.kind == kLayerNorm && jit::element_size(p.wdtype) == 4 && tpr * rows == 128 &&
-           thread_bytes <= 128)
+  else if (full_cta_row && p.kind == kLayerNorm && wsize == 4)
     reg_blocks = esize == 4 ? 6 : 5;
   const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
