@@ -74,6 +74,8 @@ constexpr Tunable kTunables[] = {
     {"fwd_cluster", &NormTuning::fwd_cluster, 8},
     {"bwd_cluster", &NormTuning::bwd_cluster, 8},
     {"bwd_stage", &NormTuning::bwd_stage, 2},
+    {"bwd_ring_stages", &NormTuning::bwd_ring_stages, 5},
+    {"bwd_keep_terms", &NormTuning::bwd_keep_terms, 2},
     {"bwd_min_row_blocks", &NormTuning::bwd_min_row_blocks, kNoCap},
     {"bwd_programmatic", &NormTuning::bwd_programmatic, 2},
 };
@@ -193,6 +195,8 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["block"] = b.key.threads();
   bd["cluster"] = b.key.cluster;
   bd["staged"] = (b.key.flags & kStagedRow) != 0;
+  bd["ring_stages"] = bd["staged"].cast<bool>() ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
+  bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
   bd["smem"] = b.smem;
   bd["programmatic_launch"] = b.programmatic;
   if (!b.split) {

@@ -313,6 +313,45 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
 
 
 @pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant"),
+    [(4097, 1024, torch.bfloat16, "weight"), (300, 8192, torch.bfloat16, "residual"),
+     (1000, 4096, torch.float16, "zero_centered"), (257, 8192, torch.float32, "no_weight"),
+     (3, 4096, torch.bfloat16, "mixed"), (777, 2000, torch.bfloat16, "weight")],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_terms_kept_between_passes_and_ring_depth_change_no_bit(op, m, n, dtype, variant, poison):
+    """The backward with xhat, w*dy and gamma kept as floats between its passes
+    (the rule where registers allow) and with the two reads (bwd_keep_terms=1),
+    on register and staged rows, with a ring of 2-4 stages, gives bitwise the
+    same dx, dW (and dB), which match the reference, contiguous and strided."""
+    if op == "layer_norm" and variant == "residual":
+        variant = "weight_bias"
+    kw = dict(residual=variant == "residual", device="cuda")
+    results = {}
+    for name, cfg in {"terms": dict(bwd_keep_terms=2), "two_reads": dict(bwd_keep_terms=1),
+                      "ring3": dict(bwd_keep_terms=2, bwd_stage=2, bwd_ring_stages=3),
+                      "ring4": dict(bwd_keep_terms=1, bwd_stage=2, bwd_ring_stages=4)}.items():  # fmt: skip
+        with _tuning.override(**cfg):
+            plan = rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]
+            assert plan["keep_terms"] == (cfg["bwd_keep_terms"] == 2), plan
+            if "bwd_ring_stages" in cfg:
+                if not plan["staged"]:  # a float32 ring of 4 x 8192 x 2 tensors exceeds 227 KB
+                    assert dtype == torch.float32, plan
+                    continue
+                assert plan["ring_stages"] == cfg["bwd_ring_stages"], plan
+            torch.manual_seed(7)
+            t = make(op, (m, n), dtype)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[name] = run(op, t)
+            if name in ("terms", "ring4"):
+                check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+    for name, got in results.items():
+        for key in got:
+            assert torch.equal(got[key], results["two_reads"][key]), (name, key)
+    check(op, results["terms"], ref(op, t), m)
+
+
+@pytest.mark.parametrize(
     ("n", "dtype", "variant", "min_row_blocks"),
     [(8192, torch.bfloat16, "weight", 0), (12288, torch.float16, "residual", 2), (1024, torch.bfloat16, "mixed", 7),
      (8192, torch.float32, "zero_centered", 3), (32768, torch.bfloat16, "weight", 3)],

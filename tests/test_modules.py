@@ -271,10 +271,61 @@ def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb, dtype,
         assert "guarantee only 384 threads per SM" in plan["reason"]
 
 
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "kw", "keep"),
+    [("layer_norm", (4096, 8192), BF16, {}, True), ("rms_norm", (16384, 8192), BF16, {}, True),
+     ("rms_norm", (4096, 1024), BF16, {}, True), ("layer_norm", (32768, 4096), torch.float16, {}, True),
+     ("layer_norm", (4096, 4096), torch.float32, {}, True), ("rms_norm", (16384, 5120), BF16, {}, True),
+     ("rms_norm", (1, 4096), BF16, {}, True), ("layer_norm", (16384, 7168), BF16, {}, True),
+     ("rms_norm", (300, 8192), BF16, {"residual": True}, True),
+     ("layer_norm", (16384, 5120), BF16, {}, False),  # two 320-thread CTAs per SM: 102 registers
+     ("rms_norm", (16384, 7168), BF16, {}, False),  # two 448-thread CTAs per SM: 72 registers
+     ("rms_norm", (4096, 16384), BF16, {}, False),  # 32 elements a thread
+     ("rms_norm", (2048, 32768), BF16, {}, False),  # cluster slices of 32 elements a thread
+     ("layer_norm", (32768, 128), BF16, {}, False), ("rms_norm", (65536, 256), BF16, {}, False),  # narrow
+     ("rms_norm", (512, 131072), BF16, {}, False)],  # split design: rows not cached
+)  # fmt: skip
+def test_backward_keeps_terms_between_passes_where_registers_allow(op, shape, dtype, kw, keep):
+    """Cached backward rows of at most 16 elements a thread keep xhat, w*dy and
+    gamma as floats between the two passes where they fit the launch bounds'
+    registers; bwd_keep_terms=1 / 2 force either way and change nothing else."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90", **kw)
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert plan["keep_terms"] == keep == bool(kernel_flags(plan["kernel"]) & KEEP_TERMS), plan
+    assert ("kept as floats between the two passes" in plan["reason"]) == keep, plan["reason"]
+    off, on = _explain_off_on("bwd_keep_terms", op, shape, dtype, **kw)
+    assert not off["backward"]["keep_terms"]
+    assert on["backward"]["keep_terms"] == plan["cached_row"]
+    for other in (off, on):
+        assert kernel_flags(other["backward"]["kernel"]) & ~KEEP_TERMS == kernel_flags(plan["kernel"]) & ~KEEP_TERMS
+        assert other["backward"]["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
+        assert (other["backward"]["block"], other["backward"]["smem"]) == (plan["block"], plan["smem"])
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+def test_backward_ring_depth_override(op, stages):
+    """The staging ring has 2 stages by rule; bwd_ring_stages asks for 3-5, which
+    scales its shared memory, and a ring that no longer fits the CTA's shared
+    memory falls back to registers."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    base = rtcnorm.explain(op, (4096, 8192), BF16, **kw)["backward"]
+    assert base["staged"] and base["ring_stages"] == 2 and "2-stage" in base["reason"]
+    with _tuning.override(bwd_ring_stages=stages):
+        plan = rtcnorm.explain(op, (4096, 8192), BF16, **kw)["backward"]
+        assert plan["staged"] and plan["ring_stages"] == stages and f"{stages}-stage" in plan["reason"]
+        assert plan["smem"] == base["smem"] // 2 * stages
+        assert (kernel_flags(plan["kernel"]) >> RING_EXTRA_SHIFT) & 3 == stages - 2
+        wide = rtcnorm.explain(op, (4096, 16384), BF16, **kw)["backward"]
+        assert wide["staged"] == (stages * 4096 * 2 * 2 * 4 <= 227 * 1024) or wide["cluster"] > 1, wide
+
+
 # kPrefetchAffine in the kernel key's flags (csrc/kernels/common/params.cuh).
 PREFETCH_AFFINE = 1 << 13
 PREFETCH_NEXT = 1 << 11
 STAGED_ROW = 1 << 16
+RING_EXTRA_SHIFT = 19
+KEEP_TERMS = 1 << 22
 
 
 def kernel_flags(kernel: str) -> int:

@@ -537,29 +537,52 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // 7168 2168 -> 2382); three rows of 160 threads (N = 2560) lost 12%.
   // Evict-first stores help wide rows and narrow LayerNorm rows.
   const bool lone_cta = threads < 512 && min_blocks == 1 && rows <= 2;
-  // The staging ring (kStagedRow): two stages of the CTA's rows of x, dy and
+  // The staging ring (kStagedRow): S stages of the CTA's rows of x, dy and
   // dh, in 16-byte vectors; it must fit the CTA's shared memory.
   const int esize = jit::element_size(p.dtype);
-  const int64_t ring = 2 * int64_t(rows) * p.hidden * esize * (grad_dh ? 3 : 2);
+  const int ring_stages = std::max(2, pick(t.bwd_ring_stages, 2));
+  const int64_t ring = ring_stages * int64_t(rows) * p.hidden * esize * (grad_dh ? 3 : 2);
   const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= max_smem_per_block(arch) &&
                       pick(t.bwd_stage, hint.staged || stage_rule(p, grad_dh) ? 2 : 1) == 2;
   if (staged) plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(ring));
   const bool prefetch_next = plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta);
+  // A ring allows no more CTAs per SM than fit its shared memory.
+  const int blocks = staged ? smem_capped_blocks(min_blocks, ring, arch) : min_blocks;
+  // Terms kept as floats between the passes (kKeepTerms): xhat, w * dy and
+  // gamma, 3 floats per element beside the dW (and dB) accumulators. They
+  // cut the loop's instructions by a quarter or more and gain 1-9% wherever
+  // they fit the launch bounds' registers (H100, CUDA-graph replay, bf16:
+  // RMSNorm 16384x8192 303 -> 287 us, 4096x4096 48.5 -> 45.0, LayerNorm
+  // 16384x7168 300 -> 281, 4096x1024 21.3 -> 19.7; benchmarks/NOTES.md entry
+  // 34). Where they do not (32-element cluster slices: 200-400 bytes of
+  // spill, 2048x32768 -37%; 7168-wide RMSNorm rows at two 448-thread CTAs
+  // per SM, -10%) the rows keep the two reads. Rows of at most 16 elements
+  // a thread take them where the estimate, with 32 registers for addresses,
+  // statistics and loop state, fits the launch bounds (ptxas reports no
+  // spill for any such kernel of N = 64..131072 on sm_90); narrow rows (8
+  // elements) moved -1.2% to +1.6%, so they keep the two reads too.
+  const int elems = nv * vec, accums = int(want_dw) + int(want_db);
+  const int reg_budget = std::min(255, 65536 / (blocks * threads));
+  const bool terms_fit = !narrow && elems <= 16 && elems * (3 + accums) + 32 <= reg_budget;
+  const bool keep_terms = plan.cached && pick(t.bwd_keep_terms, terms_fit ? 2 : 1) == 2;
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (plan.cached ? kCachedRow : 0u) | (staged ? kStagedRow : 0u) | (grad_dh ? kGradDh : 0u) |
             (want_dw ? kWantDw : 0u) | (want_db ? kWantDb : 0u) |
+            (staged ? static_cast<unsigned>(ring_stages - 2) << kRingExtraShift : 0u) | (keep_terms ? kKeepTerms : 0u) |
             hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
-  // A ring allows no more CTAs per SM than fit its shared memory.
-  k.variant = static_cast<int16_t>(staged ? smem_capped_blocks(min_blocks, ring, arch) : min_blocks);
+  k.variant = static_cast<int16_t>(blocks);
   plan.key = k;
   Reason why(explain ? &plan.reason : nullptr);
   if (staged)
-    why << "x and dy staged through a two-stage shared-memory ring (" << ring / 1024
-        << " KB, the next row's copies in flight), dW partials in registers";
+    why << "x and dy staged through a " << ring_stages << "-stage shared-memory ring (" << ring / 1024
+        << " KB, the next "
+        << (ring_stages == 2 ? std::string("row's copies") : std::to_string(ring_stages - 1) + " rows' copies")
+        << " in flight), dW partials in registers";
   else if (plan.cached)
     why << "x and dy kept in registers, dW partials in registers";
   else
     why << "row streamed twice, dW partials accumulated in the CTA's own partial row";
+  if (keep_terms) why << "; xhat, w*dy and gamma kept as floats between the two passes";
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << "; grid = SMs x occupancy, one fp32 partial row per CTA";
   why.finish();

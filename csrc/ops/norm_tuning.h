@@ -54,6 +54,11 @@ struct NormTuning {
   // Backward cached rows: 1 = x and dy in registers, 2 = staged through a
   // shared-memory ring by cp.async wherever it fits (kStagedRow).
   int bwd_stage = 0;
+  // Stages of that ring, 2-5 (the rule: 2).
+  int bwd_ring_stages = 0;
+  // Cached rows' terms kept as floats between the two passes (kKeepTerms):
+  // 1 = never, 2 = always; the rule: staged rows.
+  int bwd_keep_terms = 0;
   // Backward persistent grid: the fewest row blocks each CTA (cluster) owns,
   // so that its fp32 partial row stays small beside the rows it reads.
   int bwd_min_row_blocks = 0;

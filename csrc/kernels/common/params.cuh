@@ -50,8 +50,17 @@ enum NormFlags : unsigned {
   // forward: x (and the residual) are read through L1 (ld.global.nc) rather
   // than around it (L1::no_allocate); chosen for inputs of 40 MB or more.
   kL1Allocate = 1u << 18,
+  // backward, staged rows: the ring holds 2 + this field stages (2-5), so
+  // that many rows' copies minus one are in flight while the CTA works on one.
+  kRingExtraBits = 3u << 19,
+  // backward, cached rows: the first pass keeps every element's xhat and
+  // w * dy in registers as floats and adds its dW / dB terms there, and gamma
+  // stays in registers for the CTA's life; the second pass is the dx
+  // arithmetic alone.
+  kKeepTerms = 1u << 22,
 };
 constexpr int kClusterShift = 14;
+constexpr int kRingExtraShift = 19;
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
 
