@@ -271,6 +271,45 @@ def test_forward_launch_bounds_and_residency(op, n, residual, mode, minb, dtype,
         assert "guarantee only 384 threads per SM" in plan["reason"]
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+@pytest.mark.parametrize(
+    ("m", "n", "minb"),
+    [(3168, 1024, 4), (4096, 1024, 4), (4224, 1024, 4), (2048, 2048, 4), (1024, 4096, 4), (2112, 1024, 8),
+     (4352, 1024, 8), (8192, 1024, 8), (16384, 4096, 8)],
+)  # fmt: skip
+def test_forward_grids_of_one_wave_at_four_ctas_keep_128_registers(op, dtype, m, n, minb):
+    """16-bit rows of 81-128 bytes per thread in 128-thread CTAs whose grid has
+    more than 2 and at most 4 CTAs per SM (132 here) keep launch bounds of 4 CTAs
+    per SM: every CTA is resident at once either way, and the 128-register build
+    runs faster; 2 or fewer, or more than 4, keep 8. float32 rows are unchanged."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, (m, n), dtype, **kw)
+    assert plan["mode"] == "multi_wave_cached" and plan["kernel"].endswith(f", {minb}>"), plan
+    if minb == 4:
+        assert 2 * 132 < plan["row_blocks"] <= 4 * 132, plan
+    assert not rtcnorm.explain(op, (m, n), torch.float32, **kw)["kernel"].endswith(", 4>")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "m", "n", "residual", "nv"),
+    [(BF16, 32768, 128, False, 4), (BF16, 16384, 256, False, 4), (torch.float16, 24576, 128, False, 4),
+     (torch.float32, 16384, 128, False, 4), (BF16, 65536, 128, False, 2), (BF16, 16384, 128, False, 2),
+     (BF16, 32768, 128, True, 2), (BF16, 262144, 128, False, 2)],
+)  # fmt: skip
+def test_narrow_rmsnorm_rows_take_four_vectors_in_one_round(dtype, m, n, residual, nv):
+    """Narrow RMSNorm rows take 4 vectors per thread where the 256-thread CTAs
+    then number at least 2 and at most 4 per SM (one round of resident CTAs),
+    2 otherwise and beside a residual."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90", residual=residual)
+    plan = rtcnorm.explain("rms_norm", (m, n), dtype, **kw)
+    assert plan["vecs_per_thread"] == nv, plan
+    if nv == 4:
+        assert 2 * 132 <= plan["row_blocks"] <= 4 * 132 and plan["block"] == 256, plan
+    with _tuning.override(fwd_vecs_target=2):
+        assert rtcnorm.explain("rms_norm", (m, n), dtype, **kw)["vecs_per_thread"] == 2
+
+
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "kw", "keep"),
     [("layer_norm", (4096, 8192), BF16, {}, True), ("rms_norm", (16384, 8192), BF16, {}, True),

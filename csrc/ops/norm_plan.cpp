@@ -209,15 +209,24 @@ static bool affine_prefetch_rule(int override_value, const NormProblem& p, bool 
 // where the fewer, fuller CTAs would leave under two per SM (4096x512 lost
 // 22-28%). A row keeps at least 4 threads: at 2 (128 rows per CTA) N = 64
 // and 128 ran at 36-87% of the best.
+//
+// RMSNorm takes 4 too where its CTAs at 4 vectors number at most one round
+// of the CTAs launch bounds keep resident (1024 threads per SM): every load
+// of x is then issued at once, where 2 vectors take two rounds (H100,
+// CUDA-graph replay, bf16, us: 32768x128 12.06 -> 11.26, 16384x256 12.02 ->
+// 11.42; at two rounds, 65536x128, 4 lost 3.7%; benchmarks/NOTES.md entry 35).
 static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_threads) {
-  constexpr int kBase = kNarrowBaseVecs, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2;
-  const bool wide16 = jit::element_size(p.dtype) == 2 && p.hidden > 384;
-  const int want = wide16 ? 8 : (p.kind == kLayerNorm ? 4 : kBase);
-  if (p.residual || want == kBase) return kBase;
+  constexpr int kBase = kNarrowBaseVecs, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2, kOneRoundVecs = 4;
+  if (p.residual) return kBase;
   const int64_t nvec = p.hidden / choose_vec(p);
+  const auto row_blocks_at = [&](int nv) { return ceil_div(p.rows, std::max(1, cta_threads / choose_tpr(nvec, nv))); };
+  const bool wide16 = jit::element_size(p.dtype) == 2 && p.hidden > 384;
+  int want = wide16 ? 8 : (p.kind == kLayerNorm ? 4 : kBase);
+  if (want == kBase && row_blocks_at(kOneRoundVecs) <= int64_t(std::max(1, 1024 / cta_threads)) * sm_count)
+    want = kOneRoundVecs;
+  if (want == kBase) return kBase;
   const int nv = static_cast<int>(std::max<int64_t>(kBase, std::min<int64_t>(want, nvec / kMinThreadsPerRow)));
-  const int rows_per_cta = std::max(1, cta_threads / choose_tpr(nvec, nv));
-  return ceil_div(p.rows, rows_per_cta) >= int64_t(kMinBlocksPerSm) * sm_count ? nv : kBase;
+  return row_blocks_at(nv) >= int64_t(kMinBlocksPerSm) * sm_count ? nv : kBase;
 }
 
 // Vectors per thread of a wide (non-narrow) forward row. H200 sweeps set 8
@@ -303,15 +312,25 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // A grid of at most one CTA per SM (decode-sized M) is latency-bound, not
   // occupancy-bound: it keeps 4, whose extra registers let ptxas issue the
   // row's loads together (H100, 8..128 x 4096: +5-25% per call).
+  //
+  // So does a 16-bit grid of more than 2 and at most 4 CTAs per SM, which
+  // the 4-CTA bound still runs in one wave (H100, CUDA-graph replay, bf16,
+  // 2.5-4 CTAs per SM at N = 1024 / 2048 / 4096: LayerNorm +6-10% against 8,
+  // e.g. 4096x1024 12.8 -> 12.0 us; RMSNorm +1-5.5%). At 2 per SM and below
+  // the 8-CTA build is as fast or 9-11% faster (LayerNorm), past 4 the
+  // second wave costs 9-14%; benchmarks/NOTES.md entry 35.
   const int thread_bytes = nv_row * vec * esize;
   const int wsize = jit::element_size(p.wdtype);
   const bool small_grid = plan.row_blocks <= sm_count;
+  const bool one_wave_at_4 = plan.row_blocks > 2 * int64_t(sm_count) && plan.row_blocks <= 4 * int64_t(sm_count);
   // Rows of 81-128 bytes a thread in 128-thread CTAs (the cases below).
   const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
   const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
   int reg_blocks = 4;
   if (!small_grid && !p.residual && thread_bytes <= 80)
     reg_blocks = 8;
+  else if (full_cta_row && esize == 2 && wsize == 2 && one_wave_at_4)
+    reg_blocks = 4;
   else if (full_cta_row && (rms_fp32_row || (esize == 2 && wsize == 2)))
     reg_blocks = rows >= 2 || rms_fp32_row ? 8 : 7;
   else if (full_cta_row && p.kind == kLayerNorm && wsize == 4)
