@@ -321,9 +321,10 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_backward_terms_kept_between_passes_and_ring_depth_change_no_bit(op, m, n, dtype, variant, poison):
     """The backward with xhat, w*dy and gamma kept as floats between its passes
-    (the rule where registers allow) and with the two reads (bwd_keep_terms=1),
-    on register and staged rows, with a ring of 2-4 stages, gives bitwise the
-    same dx, dW (and dB), which match the reference, contiguous and strided."""
+    (the rule where registers allow) and with the two reads (bwd_keep_terms=1)
+    gives bitwise the same dx, dW (and dB); rows staged through a ring of 3 or
+    4 stages give the same dx (dW and dB then come from the staged plan's grid).
+    All match the reference, contiguous and strided."""
     if op == "layer_norm" and variant == "residual":
         variant = "weight_bias"
     kw = dict(residual=variant == "residual", device="cuda")
@@ -345,10 +346,15 @@ def test_backward_terms_kept_between_passes_and_ring_depth_change_no_bit(op, m, 
             results[name] = run(op, t)
             if name in ("terms", "ring4"):
                 check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+    expected = ref(op, t)
     for name, got in results.items():
+        # dW / dB depend on the grid, which a deeper ring may shrink (fewer
+        # CTAs fit per SM): bitwise only against the same plan's grid.
+        same_grid = name == "terms"
         for key in got:
-            assert torch.equal(got[key], results["two_reads"][key]), (name, key)
-    check(op, results["terms"], ref(op, t), m)
+            if key in ("y", "dx") or same_grid:
+                assert torch.equal(got[key], results["two_reads"][key]), (name, key)
+        check(op, got, expected, m)
 
 
 @pytest.mark.parametrize(
