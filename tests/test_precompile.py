@@ -145,11 +145,12 @@ def test_every_flag_dtype_and_mode_compiles_for_sm_90(op, dtypes):
     assert any(k["flags"] & CACHED_ROW for k in fwd) and any(not k["flags"] & CACHED_ROW for k in fwd)
     # A call of any row count finds its heuristic kernel precompiled: decode-sized
     # grids, few-row ones (2 vectors a thread up to 528 rows of 4096 on 132 SMs),
-    # full grids, and inputs on either side of 40 MB (5120 rows).
+    # grids of 2-4 CTAs per SM (launch bounds of 4: 529-1056 rows), full grids,
+    # and inputs on either side of 40 MB (5120 rows).
     lines = rtcnorm.jit.precompile(op, hidden_sizes=[4096], dtypes=dtypes, modes=[None], archs=["sm_90"])
     names = {ln.rsplit(" ", 2)[0] for ln in lines}
     for d in dtypes:
-        for rows in (1, 132, 300, 528, 529, 2000, 5119, 5120, 65536):
+        for rows in (1, 132, 300, 528, 529, 1056, 2000, 5119, 5120, 65536):
             kernel = rtcnorm.explain(op, (rows, 4096), d, device="cpu", sm_count=132, arch="sm_90")["kernel"]
             assert kernel in names, (d, rows, kernel)
 

@@ -42,8 +42,15 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         // of 40 MB or more has no row count under the size).
         const int64_t under_l1 = (kL1AllocMinInputBytes - 1) / (hidden * jit::element_size(dtype));
         const int64_t few = std::max<int64_t>(1, few_rows_max(p, 132));
+        // Grids of exactly 4 CTAs per SM (one wave at launch bounds of 4, or
+        // one round of narrow 4-vector CTAs) for every power-of-two rows per
+        // CTA plan their own kernels too.
+        std::vector<int64_t> row_counts = {int64_t(1) << 16, int64_t(1), few, std::max<int64_t>(1, under_l1),
+                                           under_l1 + 1};
+        for (int64_t rows_per_cta = 1; rows_per_cta <= 128; rows_per_cta *= 2)
+          row_counts.push_back(4 * 132 * rows_per_cta);
         for (int res = 0; res <= int(!ln); ++res)
-          for (int64_t rows : {int64_t(1) << 16, int64_t(1), few, std::max<int64_t>(1, under_l1), under_l1 + 1}) {
+          for (int64_t rows : row_counts) {
             p.residual = res;
             p.rows = rows;
             for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
