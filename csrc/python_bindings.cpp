@@ -194,8 +194,9 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["kernel"] = b.key.name_expression();
   bd["block"] = b.key.threads();
   bd["cluster"] = b.key.cluster;
-  bd["staged"] = (b.key.flags & kStagedRow) != 0;
-  bd["ring_stages"] = bd["staged"].cast<bool>() ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
+  const bool staged = (b.key.flags & kStagedRow) != 0;
+  bd["staged"] = staged;
+  bd["ring_stages"] = staged ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
   bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
   bd["smem"] = b.smem;
   bd["programmatic_launch"] = b.programmatic;

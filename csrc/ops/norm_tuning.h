@@ -57,7 +57,8 @@ struct NormTuning {
   // Stages of that ring, 2-5 (the rule: 2).
   int bwd_ring_stages = 0;
   // Cached rows' terms kept as floats between the two passes (kKeepTerms):
-  // 1 = never, 2 = always; the rule: staged rows.
+  // 1 = never, 2 = always; the rule: rows of at most 16 elements a thread,
+  // not narrow, whose terms fit the launch bounds' registers.
   int bwd_keep_terms = 0;
   // Backward persistent grid: the fewest row blocks each CTA (cluster) owns,
   // so that its fp32 partial row stays small beside the rows it reads.

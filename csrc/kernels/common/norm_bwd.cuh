@@ -69,21 +69,31 @@ __device__ __forceinline__ void load_gamma(const void* weight, int vec_index, fl
   }
 }
 
-// Adds vector v's terms to the row sums the input gradient needs:
-// s.a += sum(w * dy * xhat), s.b += sum(w * dy), xhat = (x - mean) * rstd
-// (mean 0 for RMSNorm). Both backward designs call it, so their sums agree.
+// One vector's per-element terms, xhat = (x - mean) * rstd (mean 0 for
+// RMSNorm) and wdy = w * dy, added to the row sums the input gradient needs:
+// s.a += sum(wdy * xhat), s.b += sum(wdy). Every use (both backward designs,
+// both passes) goes through it, so the sums and dx see the same bits.
+// __fmul_rn keeps wdy a rounded product (never contracted into an FMA), so
+// for LayerNorm rows of one element wdy - mean(wdy) is exactly 0.
+template <typename T, int VEC>
+__device__ __forceinline__ void element_terms(const Pack<T, VEC>& xv, const Pack<T, VEC>& dv, const float (&g)[VEC],
+                                              float mean, float rstd, Sum2& s, float (&xhat)[VEC], float (&wdy)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    xhat[j] = (to_float(xv.e[j]) - mean) * rstd;
+    wdy[j] = __fmul_rn(to_float(dv.e[j]), g[j]);
+    s.a = fmaf(wdy[j], xhat[j], s.a);
+    s.b += wdy[j];
+  }
+}
+
+// element_terms for vector v with its gamma loaded here, the terms dropped.
 template <typename T, typename W, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void add_row_terms(const void* weight, int v, const Pack<T, VEC>& xv, const Pack<T, VEC>& dv,
                                               float mean, float rstd, Sum2& s) {
-  float g[VEC];
+  float g[VEC], xhat[VEC], wdy[VEC];
   load_gamma<W, VEC, FLAGS>(weight, v, g);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const float xhat = (to_float(xv.e[j]) - mean) * rstd;
-    const float wdy = __fmul_rn(to_float(dv.e[j]), g[j]);
-    s.a = fmaf(wdy, xhat, s.a);
-    s.b += wdy;
-  }
+  element_terms<T, VEC>(xv, dv, g, mean, rstd, s, xhat, wdy);
 }
 
 // Adds one cached vector's terms to the CTA's register sums: dW += dy * xhat,
@@ -282,17 +292,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
         if constexpr (kTerms) {
-          // add_row_terms' arithmetic, in the same order, keeping the terms.
-          float xf[VEC], df[VEC];
-          to_floats<T, VEC>(xv[i], xf);
-          to_floats<T, VEC>(dv[i], df);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            xh[i][j] = (xf[j] - mean) * rstd;
-            wd[i][j] = __fmul_rn(df[j], gk[i][j]);
-            s.a = fmaf(wd[i][j], xh[i][j], s.a);
-            s.b += wd[i][j];
-          }
+          element_terms<T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xh[i], wd[i]);
           add_affine_grads<T, VEC, kDw, kDb>(dv[i], xh[i], dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
         } else {
           add_row_terms<T, W, VEC, FLAGS>(p.weight, vbase + v, xv[i], dv[i], mean, rstd, s);
@@ -331,50 +331,46 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
+        float xhat[VEC], wdy[VEC];
+        PT dv;  // dy, for the dW / dB terms below (unused with kTerms)
         if constexpr (kTerms) {
-          float out[VEC];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] = rstd * (wd[i][j] - c2 - xh[i][j] * c1);
-          if constexpr (kDh) {
-            float dhv[VEC];
-            to_floats<T, VEC>(kStaged ? staged(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC), dhv);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) out[j] += dhv[j];
+          for (int j = 0; j < VEC; ++j) {
+            xhat[j] = xh[i][j];
+            wdy[j] = wd[i][j];
           }
-          store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
-          continue;
-        }
-        PT xv, dv;
-        if constexpr (kStaged) {
-          xv = staged(stage, 0)[v];
-          dv = staged(stage, 1)[v];
-        } else if constexpr (kCached) {
-          xv = xc[i];
-          dv = dyc[i];
         } else {
-          xv = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
-          dv = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
+          PT xv;
+          if constexpr (kStaged) {
+            xv = staged(stage, 0)[v];
+            dv = staged(stage, 1)[v];
+          } else if constexpr (kCached) {
+            xv = xc[i];
+            dv = dyc[i];
+          } else {
+            xv = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+            dv = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
+          }
+          float g[VEC];
+          load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
+          Sum2 summed_already = {0.f, 0.f};  // the first pass summed this vector's terms
+          element_terms<T, VEC>(xv, dv, g, mean, rstd, summed_already, xhat, wdy);
         }
-        float g[VEC];
-        load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
         float dhv[VEC];
         if constexpr (kDh) {
           to_floats<T, VEC>(kStaged ? staged(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC), dhv);
         }
-        float out[VEC], xhat[VEC];
+        float out[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          xhat[j] = (to_float(xv.e[j]) - mean) * rstd;
-          // __fmul_rn: the same rounded dy*g as in the sums above, so for LayerNorm
-          // rows of one element wdy - c2 is exactly 0 (no contraction into an FMA).
-          const float wdy = __fmul_rn(to_float(dv.e[j]), g[j]);
-          out[j] = rstd * (wdy - c2 - xhat[j] * c1);
+          out[j] = rstd * (wdy[j] - c2 - xhat[j] * c1);
           if constexpr (kDh) out[j] += dhv[j];
         }
         store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
         if constexpr (kCached) {
-          // A cluster summed them while its barrier was pending.
-          if constexpr (kCl == 1)
+          // A cluster summed them while its barrier was pending, kTerms in the
+          // first pass.
+          if constexpr (kCl == 1 && !kTerms)
             add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
         } else {
           const long long col = 1LL * v * VEC;

@@ -122,15 +122,15 @@ __device__ __forceinline__ void norm_bwd_cols(const NormBwdParams& p) {
       const float mean = KIND == kLayerNorm ? __ldg(p.mean + row) : 0.f;
       const float c1 = __ldg(p.row_coef + 2 * row);
       const float c2 = KIND == kLayerNorm ? __ldg(p.row_coef + 2 * row + 1) : 0.f;
-      float out[VEC];
+      float out[VEC], xhat[VEC], wdy[VEC];
+      Sum2 summed_already = {0.f, 0.f};  // the coefficient kernel summed the terms
+      element_terms<T, VEC>(xv[u], dv[u], g, mean, rstd, summed_already, xhat, wdy);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float d = to_float(dv[u].e[j]);
-        const float xhat = (to_float(xv[u].e[j]) - mean) * rstd;
-        const float wdy = __fmul_rn(d, g[j]);
-        out[j] = rstd * (wdy - c2 - xhat * c1);
+        out[j] = rstd * (wdy[j] - c2 - xhat[j] * c1);
         if constexpr (kDh) out[j] += to_float(hv[u].e[j]);
-        if constexpr (kDw) dw[j] = fmaf(d, xhat, dw[j]);
+        if constexpr (kDw) dw[j] = fmaf(d, xhat[j], dw[j]);
         if constexpr (kDb) db[j] += d;
       }
       store<T, VEC, kCs>(dx, row * N + col, from_floats<T, VEC>(out));
