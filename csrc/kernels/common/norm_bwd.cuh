@@ -128,12 +128,16 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
   const int bundle = TPR < 32 ? threadIdx.x / 32 : threadIdx.x / TPR;
   float* dst = kBundles == 1 ? partial_row : smem + bundle * N;
   if (representative) {
+    // One vector store per Pack (16-byte pieces): a lane's VEC floats are
+    // contiguous, so scalar stores would touch VEC sectors per instruction.
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
       if (v >= kVecs) continue;
+      Pack<float, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) dst[v * VEC + j] = acc[i][j];
+      for (int j = 0; j < VEC; ++j) out.e[j] = acc[i][j];
+      store<float, VEC>(dst, 1LL * v * VEC, out);
     }
   }
   if constexpr (kBundles > 1) {
