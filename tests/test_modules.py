@@ -454,14 +454,16 @@ def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
 
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "max_ctas"),
-    [("rms_norm", (256, 8192), BF16, 66), ("layer_norm", (128, 8192), BF16, 66),
-     ("rms_norm", (4000, 8192), torch.float16, 500), ("layer_norm", (256, 16384), BF16, None),
+    [("rms_norm", (256, 8192), BF16, 128), ("rms_norm", (128, 8192), BF16, 66),
+     ("layer_norm", (128, 8192), BF16, 66), ("layer_norm", (1024, 8192), BF16, 128),
+     ("rms_norm", (4000, 8192), torch.float16, 2000), ("layer_norm", (256, 16384), BF16, None),
      ("rms_norm", (256, 4096), BF16, None), ("rms_norm", (256, 8192), torch.float32, None),
      ("layer_norm", (64, 65536), BF16, None)],
 )  # fmt: skip
 def test_backward_grid_cap_rule(op, shape, dtype, max_ctas):
-    """Staged one-CTA backward rows run on at most max(SMs / 2, row blocks / 8)
-    CTAs, so few rows write few fp32 partial rows; register rows, cluster rows
+    """Staged one-CTA backward rows run on at most max(SMs / 2, row blocks / k)
+    CTAs, k = 2 for one fp32 partial output (dW) and 8 for two (dW and dB), so
+    few rows write few fp32 partial rows; register rows, cluster rows
     (LayerNorm 16384 and 65536 bf16 are cluster slices) and float32 keep the
     resident grid. bwd_min_row_blocks forces a cap on any plan."""
     plan = rtcnorm.explain(op, shape, dtype, device="cpu", sm_count=132)["backward"]

@@ -768,15 +768,21 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
 // H100 kernel-only sweep (benchmarks/NOTES.md, entry 22): every persistent
 // CTA writes a fp32 partial row (4 bytes a column per output) that the column
 // reduce reads back. A staged one-CTA row (x and dy through the shared-memory
-// ring) with fewer rows than resident CTAs gets a CTA per row, and the
+// ring) with fewer rows than resident CTAs would get a CTA per row, and the
 // partials then rival the rows' own traffic (256x8192 bf16 RMSNorm: 8 MB
-// beside 12.6 MB). About SMs / 2 CTAs, each taking several rows through the
-// ring, was best up to 1024 rows (RMSNorm 256x8192 30.9 -> 26.1 us, 512x8192
-// 36.2 -> 31.9; LayerNorm 128x8192 42.7 -> 34.0, 256x8192 45.5 -> 37.2).
+// beside 12.6 MB). So such a grid is capped at about SMs / 2 CTAs or enough
+// for staged_row_blocks_per_cta row blocks each, whichever is more. With the
+// partial rows written as vector stores (entry 36) one output pays off at 2
+// row blocks a CTA (RMSNorm 256x8192 18.0 -> 16.5 us, 512x8192 23.6 -> 21.0,
+// 512x16384 41.9 -> 37.2), two outputs still at 8 (LayerNorm 256x8192 20.7
+// capped at 66 CTAs, 21.4 at 128).
 // Register rows (256x4096: 13.0 us uncapped, 15.2 at half the CTAs) and
 // cluster rows (128x32768: 34.2 -> 37.6) lost with fewer CTAs: they keep the
 // resident grid.
-constexpr int64_t kStagedRowBlocksPerCta = 8;
+static int64_t staged_row_blocks_per_cta(const NormBwdPlan& plan) {
+  const bool both = (plan.key.flags & kWantDw) != 0 && (plan.key.flags & kWantDb) != 0;
+  return both ? 8 : 2;
+}
 
 int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why) {
   constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max();
@@ -784,13 +790,14 @@ int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why) {
   const int forced = norm_tuning().bwd_min_row_blocks;
   const bool staged = (plan.key.flags & kStagedRow) != 0;
   if (forced <= 0 && (!staged || plan.key.cluster > 1)) return kNoCap;
-  const int64_t cap =
-      forced > 0 ? ceil_div(plan.row_blocks, forced)
-                 : std::max<int64_t>(std::max(1, sm_count / 2), ceil_div(plan.row_blocks, kStagedRowBlocksPerCta));
+  const int64_t cap = forced > 0 ? ceil_div(plan.row_blocks, forced)
+                                 : std::max<int64_t>(std::max(1, sm_count / 2),
+                                                     ceil_div(plan.row_blocks, staged_row_blocks_per_cta(plan)));
   if (why != nullptr && cap < plan.row_blocks)
     *why = forced > 0 ? "; the grid is also capped at ceil(row blocks / bwd_min_row_blocks) = " + std::to_string(cap) +
                             (plan.key.cluster > 1 ? " clusters" : " CTAs") + ", by the tuning override"
-                      : "; the grid is also capped at max(SMs / 2, row blocks / 8) = " + std::to_string(cap) +
+                      : "; the grid is also capped at max(SMs / 2, row blocks / " +
+                            std::to_string(staged_row_blocks_per_cta(plan)) + ") = " + std::to_string(cap) +
                             " CTAs (it binds only below the resident CTAs, when rows are few: fewer fp32 "
                             "partial rows to write and reduce)";
   return cap;
