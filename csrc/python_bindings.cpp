@@ -78,6 +78,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_keep_terms", &NormTuning::bwd_keep_terms, 2},
     {"bwd_min_row_blocks", &NormTuning::bwd_min_row_blocks, kNoCap},
     {"bwd_programmatic", &NormTuning::bwd_programmatic, 2},
+    {"bwd_direct_grads", &NormTuning::bwd_direct_grads, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -198,6 +199,8 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["staged"] = staged;
   bd["ring_stages"] = staged ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
   bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
+  const bool direct = (b.key.flags & kDirectGrads) != 0;
+  bd["direct_grads"] = direct;
   bd["smem"] = b.smem;
   bd["programmatic_launch"] = b.programmatic;
   if (!b.split) {
@@ -209,7 +212,9 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
       bd["max_ctas"] = cap * b.key.cluster;
       bd["reason"] = b.reason + cap_why;
     }
-    if (device >= 0 && rows > 0) {
+    if (direct) {
+      bd["grid"] = int64_t(b.key.cluster);  // one row block: one CTA (cluster)
+    } else if (device >= 0 && rows > 0) {
       const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);
       bd["grid"] = norm_grid(b.row_blocks, true, sm_count, k, cap);
     } else {

@@ -358,6 +358,40 @@ def test_backward_terms_kept_between_passes_and_ring_depth_change_no_bit(op, m, 
 
 
 @pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant"),
+    [(1, 4096, torch.bfloat16, "weight"), (2, 4096, torch.bfloat16, "residual"), (1, 8192, torch.float16, "mixed"),
+     (1, 7, torch.float32, "zero_centered"), (64, 128, torch.bfloat16, "weight"), (3, 1000, torch.float32, "bias_only"),
+     (1, 65536, torch.bfloat16, "weight")],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype, variant, poison):
+    """Where every row fits one row block, its CTA (or cluster: N = 65536)
+    writes dW / dB in the weight dtype itself: bitwise what the partial row
+    and the column reduce give (bwd_direct_grads=1), and the reference's,
+    contiguous and strided, for every weight variant."""
+    if n == 65536 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the 65536-wide one-row plan is a cluster: sm_90+")
+    if variant == "bias_only":
+        variant = "no_weight" if op == "rms_norm" else "bias"
+    if op == "layer_norm" and variant == "residual":
+        variant = "weight_bias"
+    results = {}
+    for value in (1, 2):
+        with _tuning.override(bwd_direct_grads=value):
+            plan = rtcnorm.explain(op, (m, n), dtype, device="cuda")["backward"]
+            assert plan["direct_grads"] == (value == 2) and plan["row_blocks"] == 1, plan
+            torch.manual_seed(11)
+            t = make(op, (m, n), dtype)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[value] = run(op, t)
+            if value == 2:
+                check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+    for key, got in results[2].items():
+        assert torch.equal(got, results[1][key]), key
+    check(op, results[2], ref(op, t), m)
+
+
+@pytest.mark.parametrize(
     ("n", "dtype", "variant", "min_row_blocks"),
     [(8192, torch.bfloat16, "weight", 0), (12288, torch.float16, "residual", 2), (1024, torch.bfloat16, "mixed", 7),
      (8192, torch.float32, "zero_centered", 3), (32768, torch.bfloat16, "weight", 3)],

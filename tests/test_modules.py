@@ -371,6 +371,38 @@ def kernel_flags(kernel: str) -> int:
     return int(kernel.split(", ")[-2].rstrip("u"))
 
 
+DIRECT_GRADS = 1 << 23
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "direct", "cluster"),
+    [("rms_norm", (1, 4096), BF16, True, 1), ("rms_norm", (2, 4096), BF16, True, 1),
+     ("rms_norm", (3, 4096), BF16, False, 1), ("layer_norm", (1, 8192), BF16, True, 1),
+     ("layer_norm", (64, 128), BF16, True, 1), ("layer_norm", (65, 128), BF16, False, 1),
+     ("rms_norm", (1, 7), torch.float32, True, 1), ("rms_norm", (1, 65536), BF16, True, 8),
+     ("layer_norm", (1, 262144), BF16, False, 1),  # split design: rows not cached
+     ("rms_norm", (32, 4096), BF16, False, 1)],
+)  # fmt: skip
+def test_backward_of_one_row_block_writes_the_gradients(op, shape, dtype, direct, cluster):
+    """When one row block holds every row, its CTA (or cluster) writes dW / dB
+    itself (kDirectGrads): a grid of one, no partial rows, no column reduce.
+    bwd_direct_grads=1 keeps the partial row; forcing 2 never applies to a grid
+    of more row blocks. Only the flag bit differs."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert plan["direct_grads"] == direct == bool(kernel_flags(plan["kernel"]) & DIRECT_GRADS), plan
+    assert ("column sums as the gradients" in plan["reason"]) == direct, plan["reason"]
+    if direct:
+        assert plan["row_blocks"] == 1 and plan["grid"] == cluster == plan["cluster"], plan
+    off, on = _explain_off_on("bwd_direct_grads", op, shape, dtype, **kw)
+    assert not off["backward"]["direct_grads"]
+    assert on["backward"]["direct_grads"] == direct
+    if not plan["split"]:
+        assert kernel_flags(off["backward"]["kernel"]) == kernel_flags(plan["kernel"]) & ~DIRECT_GRADS
+    # No weight (or bias): nothing to sum, nothing to write.
+    assert not rtcnorm.explain(op, shape, dtype, elementwise_affine=False, **kw)["backward"]["direct_grads"]
+
+
 def _explain_off_on(switch: str, op, shape, dtype, **kw) -> tuple[dict, dict]:
     """explain() with the tuning switch `switch` forced off (1), then on (2)."""
     plans = []

@@ -580,6 +580,12 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // statistics and loop state, fits the launch bounds (ptxas reports no
   // spill for any such kernel of N = 64..131072 on sm_90); narrow rows (8
   // elements) moved -1.2% to +1.6%, so they keep the two reads too.
+  // One row block: the lone CTA's (or cluster's) column sums are dW / dB
+  // themselves, written in the weight dtype, and no column reduce runs
+  // (kDirectGrads). H100 graph replay, bf16 (benchmarks/NOTES.md entry 37):
+  // RMSNorm 1x4096 8.35 -> 6.98 us, 1x65536 23.7 -> 11.9; LayerNorm 1x8192
+  // 10.8 -> 7.5, 1x65536 36.2 -> 13.2.
+  const bool direct = plan.cached && accum && plan.row_blocks == 1 && pick(t.bwd_direct_grads, 2) == 2;
   const int elems = nv * vec, accums = int(want_dw) + int(want_db);
   const int reg_budget = std::min(255, 65536 / (blocks * threads));
   const bool terms_fit = !narrow && elems <= 16 && elems * (3 + accums) + 32 <= reg_budget;
@@ -588,7 +594,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
             (plan.cached ? kCachedRow : 0u) | (staged ? kStagedRow : 0u) | (grad_dh ? kGradDh : 0u) |
             (want_dw ? kWantDw : 0u) | (want_db ? kWantDb : 0u) |
             (staged ? static_cast<unsigned>(ring_stages - 2) << kRingExtraShift : 0u) | (keep_terms ? kKeepTerms : 0u) |
-            hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
+            (direct ? kDirectGrads : 0u) | hint_bits(t.bwd_hints, p.hidden >= 8192 || narrow, prefetch_next);
   k.variant = static_cast<int16_t>(blocks);
   plan.key = k;
   Reason why(explain ? &plan.reason : nullptr);
@@ -602,8 +608,11 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   else
     why << "row streamed twice, dW partials accumulated in the CTA's own partial row";
   if (keep_terms) why << "; xhat, w*dy and gamma kept as floats between the two passes";
-  why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
-      << "; grid = SMs x occupancy, one fp32 partial row per CTA";
+  why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv;
+  if (direct)
+    why << "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
+  else
+    why << "; grid = SMs x occupancy, one fp32 partial row per CTA";
   why.finish();
   return plan;
 }

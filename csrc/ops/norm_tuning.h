@@ -66,6 +66,10 @@ struct NormTuning {
   // Backward's second and third kernels: 1 = plain launches, 2 = launched
   // programmatically (the rule on sm_90+; no effect before sm_90).
   int bwd_programmatic = 0;
+  // One row block: 1 = partial row and column reduce as for any grid, 2 = the
+  // CTA writes the gradients itself (kDirectGrads, the rule). Grids of more
+  // than one row block always take the partial rows.
+  int bwd_direct_grads = 0;
 };
 
 NormTuning& norm_tuning();

@@ -37,7 +37,10 @@ on chip too: in registers, or, for 16-bit rows of 7168 elements or more,
 staged through a two-stage shared-memory ring whose next row is already
 being copied while the current one is reduced (``explain(...)["backward"]
 ["staged"]``); with few rows, staged rows share at most max(SMs / 2, row blocks
-/ 8) CTAs, which write fewer partial dW rows (``["backward"]["max_ctas"]``).
+/ k) CTAs (k = 2 for dW alone, 8 for dW and dB), which write fewer partial dW
+rows (``["backward"]["max_ctas"]``). When one row block holds every row, its
+CTA (or cluster) writes dW / dB itself and no column reduce runs
+(``["backward"]["direct_grads"]``).
 On sm_90 and newer it splits float32 rows of more than 8192
 elements, and 16-bit rows of up to 65536 that one CTA does not hold, across a
 cluster the same way (16-bit slices of 4096 elements, staged). Wider rows

@@ -39,6 +39,11 @@
 //   accumulators of its slice, the row sums meet through the cluster, and
 //   cluster c writes partial row c (gridDim.x / CL rows), each CTA its slice.
 //   Bundles then hold N / CL floats.
+// - kDirectGrads (cached rows, one row block, so a grid of one CTA or one
+//   cluster): the column sums are dW / dB themselves; they are written to
+//   p.dw / p.db in the weight dtype and no partial row or column reduce
+//   exists. Same additions in the same order, so the same bits as the fp32
+//   partial row that the reduce would convert.
 // - The column reduce that follows is launched programmatically on sm_90+
 //   (grid_dep.cuh): every CTA lets it be scheduled at its start, and it waits
 //   for this grid to complete before reading the partial rows.
@@ -110,9 +115,13 @@ __device__ __forceinline__ void add_affine_grads(const Pack<T, VEC>& dv, const f
 }
 
 // Sums register accumulators over the CTA's row groups and writes the CTA's
-// partial row. All threads of the CTA must call it.
-template <int N, int VEC, int TPR, int ROWS, int NV>
-__device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* partial_row, float* smem) {
+// partial row, or with DIRECT (kDirectGrads: the grid is one CTA or cluster)
+// the gradient itself, `out`, in the weight dtype W. Either way each lane
+// stores its VEC contiguous columns as one vector (16-byte pieces): scalar
+// stores would touch VEC sectors per instruction. All threads of the CTA must
+// call it.
+template <int N, int VEC, int TPR, int ROWS, int NV, typename W, bool DIRECT>
+__device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* partial_row, W* out, float* smem) {
   constexpr int kVecs = N / VEC;
   constexpr int kBundles = BwdLayout<TPR, ROWS>::kBundles;
   const int lane = threadIdx.x % TPR;
@@ -126,18 +135,19 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
   }
   const bool representative = TPR < 32 ? (threadIdx.x & 31) < TPR : true;
   const int bundle = TPR < 32 ? threadIdx.x / 32 : threadIdx.x / TPR;
-  float* dst = kBundles == 1 ? partial_row : smem + bundle * N;
   if (representative) {
-    // One vector store per Pack (16-byte pieces): a lane's VEC floats are
-    // contiguous, so scalar stores would touch VEC sectors per instruction.
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
       if (v >= kVecs) continue;
-      Pack<float, VEC> out;
+      if (kBundles == 1 && DIRECT) {
+        store<W, VEC>(out, 1LL * v * VEC, from_floats<W, VEC>(acc[i]));
+      } else {
+        Pack<float, VEC> sums;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out.e[j] = acc[i][j];
-      store<float, VEC>(dst, 1LL * v * VEC, out);
+        for (int j = 0; j < VEC; ++j) sums.e[j] = acc[i][j];
+        store<float, VEC>(kBundles == 1 ? partial_row : smem + bundle * N, 1LL * v * VEC, sums);
+      }
     }
   }
   if constexpr (kBundles > 1) {
@@ -146,7 +156,10 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
       float s = smem[col];
 #pragma unroll 4
       for (int b = 1; b < kBundles; ++b) s += smem[b * N + col];
-      partial_row[col] = s;
+      if constexpr (DIRECT)
+        out[col] = from_float<W>(s);
+      else
+        partial_row[col] = s;
     }
     __syncthreads();
   }
@@ -183,6 +196,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   static_assert(N % (VEC * kCl) == 0, "a cluster splits a row into equal slices of whole vectors");
   static_assert(kCl == 1 || kCached, "a cluster splits rows it caches in registers");
   static_assert(!kStaged || kCached, "staged rows are cached rows");
+  static_assert((FLAGS & kDirectGrads) == 0 || kCached, "only register sums are written as the gradients");
 
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
@@ -410,8 +424,11 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 
   cluster_exit<kCl>();
   if constexpr (kStaged) __syncthreads();  // the partial-row combine reuses the ring
-  if constexpr (kCached && kDw) write_partial_row<kSlice, VEC, TPR, ROWS, NV>(dw_acc, pw, smem);
-  if constexpr (kCached && kDb) write_partial_row<kSlice, VEC, TPR, ROWS, NV>(db_acc, pb, smem);
+  constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
+  if constexpr (kCached && kDw)
+    write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem);
+  if constexpr (kCached && kDb)
+    write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(db_acc, pb, static_cast<W*>(p.db) + col0, smem);
 }
 
 }  // namespace rtcnorm

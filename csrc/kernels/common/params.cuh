@@ -58,6 +58,10 @@ enum NormFlags : unsigned {
   // stays in registers for the CTA's life; the second pass is the dx
   // arithmetic alone.
   kKeepTerms = 1u << 22,
+  // backward, cached rows, one CTA (or cluster) owning every row block: its
+  // column sums are the gradients themselves, written to dw / db in the
+  // weight dtype; no partial rows and no column reduce.
+  kDirectGrads = 1u << 23,
 };
 constexpr int kClusterShift = 14;
 constexpr int kRingExtraShift = 19;
@@ -92,6 +96,8 @@ struct NormBwdParams {
   void* dx;          // contiguous rows x N
   float* partial_w;  // parts x N, when kWantDw (parts: gridDim.x, or gridDim.y when split)
   float* partial_b;  // parts x N, when kWantDb
+  void* dw;          // N, in the weight dtype: written instead of partial_w when kDirectGrads
+  void* db;          // N, likewise for partial_b
   float* row_coef;   // rows x 2 (c1, c2): the split backward's per-row coefficients
   long long rows;
   long long row_blocks;
