@@ -545,7 +545,15 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // threads (N = 7168) cap them at 72 and spill 176 bytes, so one CTA per SM
   // there (H100, 16384x7168: 1473 -> 2143 GB/s; N = 5120 keeps two: 2290 vs 1830).
   const int threads = tpr * rows;
-  const bool two_fit = threads < 512 && (p.kind == kRmsNorm || 65536 / (2 * threads) >= 96);
+  // A one-row RMSNorm CTA whose kept terms (kKeepTerms, below) fit one CTA's
+  // registers but not two's (N = 6144 and 7168: 384 and 448 threads) runs one
+  // per SM and keeps them. H100 graph replay, bf16 (benchmarks/NOTES.md entry
+  // 38): 16384x6144 229.3 -> 221.0 us, 16384x7168 284.1 -> 265.9; N = 5120
+  // keeps them at two per SM (187.0 us; 193.8 at one).
+  const int elems = nv * vec, accums = int(want_dw) + int(want_db);
+  const bool terms_need_one = p.kind == kRmsNorm && plan.cached && rows == 1 && !narrow && elems <= 16 &&
+                              elems * (3 + accums) + 32 > 65536 / (2 * threads) && pick(t.bwd_keep_terms, 2) == 2;
+  const bool two_fit = threads < 512 && !terms_need_one && (p.kind == kRmsNorm || 65536 / (2 * threads) >= 96);
   const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1));
   // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
   // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
@@ -575,7 +583,8 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // 16384x7168 300 -> 281, 4096x1024 21.3 -> 19.7; benchmarks/NOTES.md entry
   // 34). Where they do not (32-element cluster slices: 200-400 bytes of
   // spill, 2048x32768 -37%; 7168-wide RMSNorm rows at two 448-thread CTAs
-  // per SM, -10%) the rows keep the two reads. Rows of at most 16 elements
+  // per SM, -10%, which therefore run one per SM, above) the rows keep the
+  // two reads. Rows of at most 16 elements
   // a thread take them where the estimate, with 32 registers for addresses,
   // statistics and loop state, fits the launch bounds (ptxas reports no
   // spill for any such kernel of N = 64..131072 on sm_90); narrow rows (8
@@ -586,7 +595,6 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // RMSNorm 1x4096 8.35 -> 6.98 us, 1x65536 23.7 -> 11.9; LayerNorm 1x8192
   // 10.8 -> 7.5, 1x65536 36.2 -> 13.2.
   const bool direct = plan.cached && accum && plan.row_blocks == 1 && pick(t.bwd_direct_grads, 2) == 2;
-  const int elems = nv * vec, accums = int(want_dw) + int(want_db);
   const int reg_budget = std::min(255, 65536 / (blocks * threads));
   const bool terms_fit = !narrow && elems <= 16 && elems * (3 + accums) + 32 <= reg_budget;
   const bool keep_terms = plan.cached && pick(t.bwd_keep_terms, terms_fit ? 2 : 1) == 2;
