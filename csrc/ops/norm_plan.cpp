@@ -550,9 +550,14 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // per SM and keeps them. H100 graph replay, bf16 (benchmarks/NOTES.md entry
   // 38): 16384x6144 229.3 -> 221.0 us, 16384x7168 284.1 -> 265.9; N = 5120
   // keeps them at two per SM (187.0 us; 193.8 at one).
+  // Whether the kept terms' registers (the estimate below) fit launch bounds
+  // of `blocks_per_sm` CTAs.
   const int elems = nv * vec, accums = int(want_dw) + int(want_db);
-  const bool terms_need_one = p.kind == kRmsNorm && plan.cached && rows == 1 && !narrow && elems <= 16 &&
-                              elems * (3 + accums) + 32 > 65536 / (2 * threads) && pick(t.bwd_keep_terms, 2) == 2;
+  const auto terms_fit_at = [&](int blocks_per_sm) {
+    return !narrow && elems <= 16 && elems * (3 + accums) + 32 <= std::min(255, 65536 / (blocks_per_sm * threads));
+  };
+  const bool terms_need_one = p.kind == kRmsNorm && plan.cached && rows == 1 && terms_fit_at(1) && !terms_fit_at(2) &&
+                              pick(t.bwd_keep_terms, 2) == 2;
   const bool two_fit = threads < 512 && !terms_need_one && (p.kind == kRmsNorm || 65536 / (2 * threads) >= 96);
   const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1));
   // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
@@ -584,20 +589,18 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // 34). Where they do not (32-element cluster slices: 200-400 bytes of
   // spill, 2048x32768 -37%; 7168-wide RMSNorm rows at two 448-thread CTAs
   // per SM, -10%, which therefore run one per SM, above) the rows keep the
-  // two reads. Rows of at most 16 elements
-  // a thread take them where the estimate, with 32 registers for addresses,
-  // statistics and loop state, fits the launch bounds (ptxas reports no
-  // spill for any such kernel of N = 64..131072 on sm_90); narrow rows (8
-  // elements) moved -1.2% to +1.6%, so they keep the two reads too.
+  // two reads. Rows of at most 16 elements a thread take them where the
+  // estimate, with 32 registers for addresses, statistics and loop state,
+  // fits the launch bounds (ptxas reports no spill for any such kernel of
+  // N = 64..131072 on sm_90); narrow rows (8 elements) moved -1.2% to +1.6%,
+  // so they keep the two reads too.
+  const bool keep_terms = plan.cached && pick(t.bwd_keep_terms, terms_fit_at(blocks) ? 2 : 1) == 2;
   // One row block: the lone CTA's (or cluster's) column sums are dW / dB
   // themselves, written in the weight dtype, and no column reduce runs
   // (kDirectGrads). H100 graph replay, bf16 (benchmarks/NOTES.md entry 37):
   // RMSNorm 1x4096 8.35 -> 6.98 us, 1x65536 23.7 -> 11.9; LayerNorm 1x8192
   // 10.8 -> 7.5, 1x65536 36.2 -> 13.2.
   const bool direct = plan.cached && accum && plan.row_blocks == 1 && pick(t.bwd_direct_grads, 2) == 2;
-  const int reg_budget = std::min(255, 65536 / (blocks * threads));
-  const bool terms_fit = !narrow && elems <= 16 && elems * (3 + accums) + 32 <= reg_budget;
-  const bool keep_terms = plan.cached && pick(t.bwd_keep_terms, terms_fit ? 2 : 1) == 2;
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (plan.cached ? kCachedRow : 0u) | (staged ? kStagedRow : 0u) | (grad_dh ? kGradDh : 0u) |
             (want_dw ? kWantDw : 0u) | (want_db ? kWantDb : 0u) |

@@ -58,15 +58,16 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.residual = false;
         // The backward of one row block writes the gradients directly
         // (kDirectGrads): a kernel of its own.
-        for (int64_t rows : {int64_t(1) << 16, int64_t(1)})
+        for (int64_t rows : {int64_t(1) << 16, int64_t(1)}) {
+          p.rows = rows;
           for (int dw = 0; dw <= int(has_w); ++dw)
             for (int db = 0; db <= int(has_b); ++db)
               for (int dh = 0; dh <= int(!ln); ++dh) {
-                p.rows = rows;
                 const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, arch);
                 keys.push_back(b.key);
                 if (b.split) keys.push_back(b.coef_key);
               }
+        }
       }
     }
     keys.push_back(column_reduce_key(wd, arch));
