@@ -70,7 +70,7 @@ constexpr Tunable kTunables[] = {
     {"narrow_row", &NormTuning::narrow_row, kNoCap},
     {"fwd_hints", &NormTuning::fwd_hints, 8},
     {"bwd_hints", &NormTuning::bwd_hints, 8},
-    {"fwd_affine_prefetch", &NormTuning::fwd_affine_prefetch, 2},
+    {"fwd_affine_prefetch", &NormTuning::fwd_affine_prefetch, 3},
     {"fwd_cluster", &NormTuning::fwd_cluster, 8},
     {"bwd_cluster", &NormTuning::bwd_cluster, 8},
     {"bwd_stage", &NormTuning::bwd_stage, 2},
@@ -79,6 +79,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_min_row_blocks", &NormTuning::bwd_min_row_blocks, kNoCap},
     {"bwd_programmatic", &NormTuning::bwd_programmatic, 2},
     {"bwd_direct_grads", &NormTuning::bwd_direct_grads, 2},
+    {"bwd_gamma_beside_row", &NormTuning::bwd_gamma_beside_row, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -162,7 +163,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     arch = jit::device_info(device).arch;
   }
   const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch, /*explain=*/true);
-  const NormBwdPlan b = plan_norm_bwd(p, has_weight, has_bias, residual, arch, /*explain=*/true);
+  const NormBwdPlan b = plan_norm_bwd(p, has_weight, has_bias, residual, sm_count, arch, /*explain=*/true);
   py::dict d;
   d["op"] = op;
   d["requested_mode"] = mode.has_value() ? py::cast(*mode) : py::none();

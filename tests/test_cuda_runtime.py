@@ -392,6 +392,68 @@ def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype
 
 
 @pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant"),
+    [(1, 4096, torch.bfloat16, "zero_centered"), (32, 4096, torch.float16, "mixed"), (132, 8192, torch.bfloat16, "weight"),
+     (5, 1000, torch.float32, "weight"), (1, 65536, torch.bfloat16, "weight"), (264, 4096, torch.bfloat16, "residual")],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_forward_fetches_gamma_three_ways_to_the_same_bits(op, m, n, dtype, variant, poison):
+    """gamma/beta loaded after the row reduction (fwd_affine_prefetch=1), fetched
+    into L1 beside the row (2) or loaded into registers beside it (3, the few-row
+    rule): the same outputs bit for bit, and the reference's, contiguous and
+    strided."""
+    if op == "layer_norm":
+        variant = {"residual": "weight_bias", "weight": "weight_bias"}.get(variant, variant)
+    results = {}
+    for value in (1, 2, 3):
+        with _tuning.override(fwd_affine_prefetch=value):
+            torch.manual_seed(5)
+            if op == "rms_norm":
+                x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
+                poison(4 * x.numel() * x.element_size())
+                results[value] = rtcnorm.rms_norm(x, [n], w, zero_centered_gamma=zcg, residual=r)
+            else:
+                x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant)
+                poison(4 * x.numel() * x.element_size())
+                results[value] = rtcnorm.layer_norm(x, [n], w, b, zero_centered_gamma=zcg)
+            if value == 3:
+                check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+    for value in (2, 3):
+        for got, want in zip(
+            torch.utils._pytree.tree_leaves(results[value]), torch.utils._pytree.tree_leaves(results[1])
+        ):
+            assert torch.equal(got, want), value
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "variant"),
+    [(4096, torch.bfloat16, "weight"), (128, torch.bfloat16, "weight"), (1000, torch.float32, "zero_centered"),
+     (8192, torch.float16, "residual"), (65536, torch.bfloat16, "weight")],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_of_one_row_on_one_row_group(op, n, dtype, variant, poison):
+    """A single row's backward runs on a CTA of one row group (at least a warp),
+    gamma loaded beside the row: bitwise what the rule's wider CTA gives (forced
+    by bwd_cta_threads), and the reference's."""
+    if n == 65536 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the 65536-wide one-row plan is a cluster: sm_90+")
+    if op == "layer_norm":
+        variant = {"residual": "weight_bias", "weight": "weight_bias"}.get(variant, variant)
+    results = {}
+    for threads in (0, 1024):
+        with _tuning.override(bwd_cta_threads=threads):
+            torch.manual_seed(13)
+            t = make(op, (1, n), dtype)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[threads] = run(op, t)
+            if threads == 0:
+                check_contiguous_and_strided(op, 1, n, dtype, variant, None, poison)
+    for key, got in results[0].items():
+        assert torch.equal(got, results[1024][key]), key
+    check(op, results[0], ref(op, t), 1)
+
+
+@pytest.mark.parametrize(
     ("n", "dtype", "variant", "min_row_blocks"),
     [(8192, torch.bfloat16, "weight", 0), (12288, torch.float16, "residual", 2), (1024, torch.bfloat16, "mixed", 7),
      (8192, torch.float32, "zero_centered", 3), (32768, torch.bfloat16, "weight", 3)],

@@ -342,7 +342,9 @@ def test_backward_keeps_terms_between_passes_where_registers_allow(op, shape, dt
     assert not off["backward"]["keep_terms"]
     assert on["backward"]["keep_terms"] == plan["cached_row"]
     for other in (off, on):
-        assert kernel_flags(other["backward"]["kernel"]) & ~KEEP_TERMS == kernel_flags(plan["kernel"]) & ~KEEP_TERMS
+        # (gamma beside the row goes with the kept terms)
+        mask = ~(KEEP_TERMS | GAMMA_BESIDE_ROW)
+        assert kernel_flags(other["backward"]["kernel"]) & mask == kernel_flags(plan["kernel"]) & mask
         assert other["backward"]["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
         assert (other["backward"]["block"], other["backward"]["smem"]) == (plan["block"], plan["smem"])
 
@@ -378,6 +380,8 @@ def kernel_flags(kernel: str) -> int:
 
 
 DIRECT_GRADS = 1 << 23
+PRELOAD_AFFINE = 1 << 24
+GAMMA_BESIDE_ROW = 1 << 25
 
 
 @pytest.mark.parametrize(
@@ -420,25 +424,55 @@ def _explain_off_on(switch: str, op, shape, dtype, **kw) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize(
-    ("m", "n", "small"),
-    [(1, 4096, True), (32, 4096, True), (132, 8192, True), (132, 4096, True), (264, 4096, False), (133, 8192, False),
-     (16384, 4096, False), (64, 16384, True)],
+    ("m", "n", "fetch"),
+    [(1, 4096, "preload"), (32, 4096, "preload"), (132, 8192, "preload"), (132, 4096, "preload"),
+     (264, 4096, "preload"), (133, 8192, "preload"), (16384, 4096, None), (64, 16384, "preload"),
+     (1, 65536, "prefetch"), (529, 4096, None)],
 )  # fmt: skip
-def test_decode_sized_grids_prefetch_gamma_and_keep_registers(op, m, n, small):
-    """A grid of at most one CTA per SM (132 here) fetches gamma/beta into L1 beside
-    the row's loads and keeps launch bounds of 4 CTAs per SM (2 for its 512-thread
-    CTAs: 1024 threads per SM) for a latency-bound row; full grids keep their
-    occupancy rule and never prefetch gamma."""
+def test_few_row_grids_fetch_gamma_beside_the_row(op, m, n, fetch):
+    """Few-row grids (2 vectors a thread, at most 1024 threads per SM: 528 rows of
+    4096 on 132 SMs) load gamma/beta into registers beside the row's loads
+    (kPreloadAffine). A decode-sized grid of a longer row a thread (1x65536: 8
+    vectors) fetches them into L1 instead (kPrefetchAffine) and keeps launch bounds
+    of 4 CTAs per SM (2 for 512-thread CTAs). Full grids do neither. Overrides:
+    1 neither, 2 the L1 prefetch, 3 the preload wherever the row is in registers."""
     plan = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
     flags = kernel_flags(plan["kernel"])
-    assert bool(flags & PREFETCH_AFFINE) == small, plan
-    if small:
+    assert bool(flags & PRELOAD_AFFINE) == (fetch == "preload"), plan
+    assert bool(flags & PREFETCH_AFFINE) == (fetch == "prefetch"), plan
+    if m <= 132 and plan["smem"] == 0:  # (a row in shared memory takes the CTAs it fits)
         assert plan["kernel"].endswith(f", {min(4, 1024 // plan['block'])}>"), plan
     bare = rtcnorm.explain(op, (m, n), BF16, elementwise_affine=False, device="cpu", sm_count=132)
-    assert not kernel_flags(bare["kernel"]) & PREFETCH_AFFINE
+    assert not kernel_flags(bare["kernel"]) & (PREFETCH_AFFINE | PRELOAD_AFFINE)
     off, on = _explain_off_on("fwd_affine_prefetch", op, (m, n), BF16, device="cpu", sm_count=132)
-    assert not kernel_flags(off["kernel"]) & PREFETCH_AFFINE
-    assert kernel_flags(on["kernel"]) & PREFETCH_AFFINE
+    assert not kernel_flags(off["kernel"]) & (PREFETCH_AFFINE | PRELOAD_AFFINE)
+    assert kernel_flags(on["kernel"]) & (PREFETCH_AFFINE | PRELOAD_AFFINE) == PREFETCH_AFFINE
+    with _tuning.override(fwd_affine_prefetch=3):
+        forced = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
+    want = PRELOAD_AFFINE if forced["cached_row"] and forced["smem"] == 0 else PREFETCH_AFFINE
+    assert kernel_flags(forced["kernel"]) & (PREFETCH_AFFINE | PRELOAD_AFFINE) == want, forced
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "late"),
+    [("rms_norm", (1, 4096), BF16, True), ("rms_norm", (32, 4096), BF16, True), ("rms_norm", (264, 4096), BF16, True),
+     ("rms_norm", (266, 4096), BF16, False), ("layer_norm", (256, 4096), BF16, True),
+     ("rms_norm", (256, 8192), BF16, False),  # staged: gamma loads while the ring's copies fly
+     ("rms_norm", (16384, 1024), BF16, False), ("layer_norm", (1, 1024), torch.float32, True)],
+)  # fmt: skip
+def test_backward_of_one_row_block_per_cta_loads_gamma_beside_the_row(op, shape, dtype, late):
+    """Where the grid gives every CTA a single row block (row blocks <= SMs) a
+    register-cached CTA that keeps its terms loads gamma after its row's x and dy
+    (kGammaBesideRow); persistent and staged CTAs load it first. A single row takes
+    a CTA of one row group (at least a warp), so nothing idles in its barriers."""
+    plan = rtcnorm.explain(op, shape, dtype, device="cpu", sm_count=132, arch="sm_90")["backward"]
+    flags = kernel_flags(plan["kernel"])
+    assert bool(flags & GAMMA_BESIDE_ROW) == late, plan
+    assert ("gamma loaded beside the row" in plan["reason"]) == late, plan["reason"]
+    if late:
+        assert flags & KEEP_TERMS and not flags & STAGED_ROW, plan
+    tpr, rows = (int(a) for a in plan["kernel"].split(", ")[4:6])  # <T, W, N, VEC, TPR, ROWS, ...>
+    assert rows == (max(1, 32 // tpr) if shape[0] == 1 else max(1, 512 // tpr)), plan
 
 
 @pytest.mark.parametrize(

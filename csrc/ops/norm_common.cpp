@@ -306,7 +306,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
 
   const int dev = check_device_arch(input, op);
   const auto& info = jit::device_info(dev);
-  const NormBwdPlan plan = plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.arch);
+  const NormBwdPlan plan = plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.sm_count, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
   // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.

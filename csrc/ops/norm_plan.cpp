@@ -184,19 +184,6 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
   return row_bytes > 64 * 1024 ? 16 : 8;
 }
 
-// L1 prefetch of gamma/beta beside the row's loads (kPrefetchAffine); a
-// tuning override of 1 / 2 forces it off / on. H100 (benchmarks/NOTES.md
-// entry 17): where a grid has at most one CTA per SM, each CTA's gamma load
-// after the row reduction is a DRAM or L2 round trip nothing else hides, and
-// the prefetch gains 10-20% per call (RMSNorm 128x4096: 261 -> 320 GB/s).
-// In full grids gamma already sits in L1 and the prefetches only take issue
-// and L1 bandwidth from the row: RMSNorm 4096x2048 2074 -> 1231.
-static bool affine_prefetch_rule(int override_value, const NormProblem& p, bool keep, bool small_grid) {
-  if (keep || !(p.has_weight || p.has_bias)) return false;
-  if (override_value > 0) return override_value == 2;
-  return small_grid;
-}
-
 // Vectors per thread of a narrow forward row (H100 kernel-only sweep,
 // benchmarks/NOTES.md entry 24). Launch bounds hold a narrow CTA to 1024
 // threads per SM, so the bytes each thread has in flight set the rows in
@@ -245,6 +232,32 @@ int64_t few_rows_max(const NormProblem& p, int sm_count) {
 
 static int wide_vecs_target(const NormProblem& p, int sm_count) {
   return p.rows <= few_rows_max(p, sm_count) ? kLatencyVecs : kWideVecs;
+}
+
+// L1 prefetch of gamma/beta beside the row's loads (kPrefetchAffine); a
+// tuning override of 1 / 2 forces it off / on. H100 (benchmarks/NOTES.md
+// entry 17): where a grid has at most one CTA per SM, each CTA's gamma load
+// after the row reduction is a DRAM or L2 round trip nothing else hides, and
+// the prefetch gains 10-20% per call (RMSNorm 128x4096: 261 -> 320 GB/s).
+// In full grids gamma already sits in L1 and the prefetches only take issue
+// and L1 bandwidth from the row: RMSNorm 4096x2048 2074 -> 1231.
+//
+// A register-cached row of the few-row layout (at most kLatencyVecs vectors a
+// thread) loads its gamma/beta vectors into registers beside x instead
+// (kPreloadAffine): no L1 round trip after the reduction, and the prefetch
+// instructions go. H100 kernel-only, bf16, us (benchmarks/NOTES.md entry
+// 39): RMSNorm 1x4096 2.35 -> 2.14, 128x4096 3.06 -> 2.88; LayerNorm 1x4096
+// 2.64 -> 2.49, 128x4096 3.38 -> 3.20; 256x4096 / 256x8192 within 1.5%.
+// Rows of more vectors a thread keep the prefetch: RMSNorm 1x65536 (8
+// vectors) lost 38% with the packs held in registers. Override 3 forces the
+// preload on every register-cached row.
+static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool keep, bool in_regs, int nv,
+                                  bool latency_layout, bool small_grid) {
+  if (keep || !(p.has_weight || p.has_bias)) return 0u;
+  if (override_value == 3) return in_regs ? kPreloadAffine : kPrefetchAffine;
+  if (override_value > 0) return override_value == 2 ? kPrefetchAffine : 0u;
+  if (in_regs && latency_layout && nv <= kLatencyVecs) return kPreloadAffine;
+  return small_grid ? kPrefetchAffine : 0u;
 }
 
 // The plan for one CTA (or row group) per row; plan_norm_fwd may split the
@@ -409,7 +422,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
             (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
             (keep ? kKeepGamma : 0u) |
             hint_bits(t.fwd_hints, p.hidden >= 32768 && !in_smem, plan.persistent && in_regs) |
-            (affine_prefetch_rule(t.fwd_affine_prefetch, p, keep, small_grid) ? kPrefetchAffine : 0u);
+            affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv,
+                              !narrow && p.rows <= few_rows_max(p, sm_count), small_grid);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
@@ -524,7 +538,12 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // At 1024 threads a thread has 64 registers: LayerNorm's two accumulator
   // sets spill there, so LayerNorm caches only up to 512 threads per row.
   plan.cached = nv_row * vec <= kBwdCacheElems && (tpr <= 512 || p.kind == kRmsNorm);
-  const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, narrow ? 1024 : 512) / tpr) : 1;
+  // A single row (decode) takes a CTA of one row group (at least a warp):
+  // no idle groups in its barriers and no bundles to combine. H100
+  // kernel-only, bf16 (benchmarks/NOTES.md entry 39): RMSNorm 1x4096 2.97 ->
+  // 2.45 us, LayerNorm 1x4096 3.71 -> 2.65.
+  const int row_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : 512);
+  const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, row_threads) / tpr) : 1;
   const int nv = plan.cached ? nv_row : std::min(nv_row, nv_target);
   plan.row_blocks = ceil_div(p.rows, rows);
   const int bundles = tpr < 32 ? (tpr * rows) / 32 : rows;
@@ -778,10 +797,31 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
 // are scheduled while the previous kernel drains, so the launch gap between
 // them is hidden. Results are unchanged (each waits for the previous grid
 // before touching memory).
-NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain) {
+//
+// A register-cached CTA (or cluster) that keeps its terms and visits a single
+// row block, because the grid has a CTA per row block, loads gamma right after
+// its row's x and dy (kGammaBesideRow) rather than before them: converting
+// gamma waits for it, so loaded first its DRAM round trip and the row's would
+// queue. Persistent CTAs pay that once for many rows and keep the early load,
+// which ptxas fits in fewer registers (the late one spills 8-16 bytes in
+// RMSNorm's two 320-thread CTAs per SM at N = 5120). Such a grid has at most
+// one CTA per SM, so its launch bounds ask for one (no spill at any N).
+// H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 39): RMSNorm
+// 32x4096 6.01 -> 5.15, 128x4096 7.40 -> 6.59, 256x2048 6.84 -> 6.22;
+// LayerNorm 32x4096 7.54 -> 6.23, 256x4096 9.50 -> 9.12.
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
+                          bool explain) {
   NormBwdPlan plan = plan_bwd_layout(p, want_dw, want_db, grad_dh, arch, explain);
   const int forced = norm_tuning().bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
+  const unsigned f = plan.key.flags;
+  const bool lone_row_block = plan.row_blocks <= std::max(1, sm_count / std::max<int>(1, plan.key.cluster));
+  const bool beside = pick(norm_tuning().bwd_gamma_beside_row, lone_row_block ? 2 : 1) == 2;
+  if (!plan.split && (f & kKeepTerms) != 0 && (f & kStagedRow) == 0 && beside) {
+    plan.key.flags |= kGammaBesideRow;
+    plan.key.variant = 1;
+    if (explain) plan.reason += "; one row block per CTA: gamma loaded beside the row, launch bounds of one CTA per SM";
+  }
   return plan;
 }
 

@@ -70,7 +70,7 @@ struct NormBwdPlan {
 // `explain` fills the plans' reason text; launches leave it off (no strings
 // are built on the hot path).
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false);
-NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain = false);
 jit::KernelKey column_reduce_key(jit::DType out, int arch);
 

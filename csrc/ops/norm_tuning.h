@@ -45,7 +45,8 @@ struct NormTuning {
   // 1 means none, 8 all three.
   int fwd_hints = 0;
   int bwd_hints = 0;
-  // Forward: 1 = no L1 prefetch of gamma/beta beside the row's loads, 2 = always.
+  // Forward: 1 = no L1 prefetch of gamma/beta beside the row's loads, 2 = always,
+  // 3 = register-cached rows load them into registers beside the row instead.
   int fwd_affine_prefetch = 0;
   // CTAs of a thread-block cluster that split each row (sm_90+): 1 = never,
   // 2 / 4 / 8 = that many wherever the row divides and each slice caches.
@@ -70,6 +71,10 @@ struct NormTuning {
   // CTA writes the gradients itself (kDirectGrads, the rule). Grids of more
   // than one row block always take the partial rows.
   int bwd_direct_grads = 0;
+  // Kept terms in registers (kKeepTerms, not staged): 1 = gamma loaded before
+  // the first row, 2 = beside it (kGammaBesideRow) on any grid; the rule: where
+  // each CTA (cluster) has a single row block.
+  int bwd_gamma_beside_row = 0;
 };
 
 NormTuning& norm_tuning();

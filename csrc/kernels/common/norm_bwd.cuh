@@ -254,14 +254,20 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     for (int j = 0; j < VEC; ++j) db_acc[i][j] = 0.f;
 
   // gamma of this thread's columns, the same for every row the CTA visits.
+  // Loaded here (a staged CTA's first rows' copies are already in flight), or
+  // with kGammaBesideRow right after the first row's loads are issued
+  // (below): converting gamma waits for it, so loaded first its DRAM round
+  // trip and the row's queue instead of overlapping.
+  constexpr bool kGammaLate = kTerms && !kStaged && (FLAGS & kGammaBesideRow) != 0;
   float gk[kTerms ? NV : 1][VEC];
-  if constexpr (kTerms) {
+  const auto load_kept_gamma = [&]() {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (kEven || v < kVecs) load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, gk[i]);
+      if (kEven || v < kVecs) load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, gk[kTerms ? i : 0]);
     }
-  }
+  };
+  if constexpr (kTerms && !kGammaLate) load_kept_gamma();
 
   int calls = 0;
   for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
@@ -296,6 +302,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
           dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
         }
+      }
+      if constexpr (kGammaLate) {
+        if (first_row) load_kept_gamma();
       }
       if constexpr (kNext) {
         const long long next = (rb + clusters) * ROWS + group;

@@ -155,24 +155,39 @@ __device__ __forceinline__ void prefetch_row(const T* base, long long off, int l
   }
 }
 
-// gamma (with the zero-centred shift applied) and beta for one vector.
+// gamma and beta of one vector as stored (a tensor the kernel lacks is not read).
+template <typename W, int VEC>
+struct AffinePacks {
+  Pack<W, VEC> w, b;
+};
+
 template <typename W, int VEC, unsigned FLAGS>
-__device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_index, float (&g)[VEC], float (&b)[VEC]) {
+__device__ __forceinline__ AffinePacks<W, VEC> load_affine_packs(const NormFwdParams& p, int vec_index) {
+  AffinePacks<W, VEC> a{};
+  if constexpr ((FLAGS & kHasWeight) != 0)
+    a.w = load_cached<W, VEC>(static_cast<const W*>(p.weight), 1LL * vec_index * VEC);
+  if constexpr ((FLAGS & kHasBias) != 0)
+    a.b = load_cached<W, VEC>(static_cast<const W*>(p.bias), 1LL * vec_index * VEC);
+  return a;
+}
+
+// The floats the normalize step multiplies and adds: gamma with the
+// zero-centred shift applied (1 without a weight), and beta (0 without one).
+template <typename W, int VEC, unsigned FLAGS>
+__device__ __forceinline__ void affine_floats(const AffinePacks<W, VEC>& a, float (&g)[VEC], float (&b)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     g[j] = 1.f;
     b[j] = 0.f;
+    if constexpr ((FLAGS & kHasWeight) != 0)
+      g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(a.w.e[j]) : to_float(a.w.e[j]);
+    if constexpr ((FLAGS & kHasBias) != 0) b[j] = to_float(a.b.e[j]);
   }
-  if constexpr ((FLAGS & kHasWeight) != 0) {
-    const Pack<W, VEC> w = load_cached<W, VEC>(static_cast<const W*>(p.weight), 1LL * vec_index * VEC);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
-  }
-  if constexpr ((FLAGS & kHasBias) != 0) {
-    const Pack<W, VEC> bb = load_cached<W, VEC>(static_cast<const W*>(p.bias), 1LL * vec_index * VEC);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) b[j] = to_float(bb.e[j]);
-  }
+}
+
+template <typename W, int VEC, unsigned FLAGS>
+__device__ __forceinline__ void load_affine(const NormFwdParams& p, int vec_index, float (&g)[VEC], float (&b)[VEC]) {
+  affine_floats<W, VEC, FLAGS>(load_affine_packs<W, VEC, FLAGS>(p, vec_index), g, b);
 }
 
 // Fetches into L1 the gamma/beta lines of this thread's vectors of the first
@@ -204,7 +219,12 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr bool kNext = (kCached || (kSmem && kChunks == 1)) && (FLAGS & kPrefetchNext) != 0;
-  constexpr bool kAffinePf = !kKeep && (FLAGS & (kHasWeight | kHasBias)) != 0 && (FLAGS & kPrefetchAffine) != 0;
+  constexpr bool kAffine = (FLAGS & (kHasWeight | kHasBias)) != 0;
+  constexpr bool kAffinePf = !kKeep && kAffine && (FLAGS & kPrefetchAffine) != 0;
+  // kPreloadAffine: a cached row's gamma/beta vectors are loaded as stored
+  // beside its x, into registers, and converted only when the normalize step
+  // needs them: one memory round trip per row instead of two.
+  constexpr bool kPreload = kCached && !kKeep && kAffine && (FLAGS & kPreloadAffine) != 0;
   constexpr bool kTwoPass = KIND == kLayerNorm && (FLAGS & kTwoPassStats) != 0;
   constexpr bool kAlloc = (FLAGS & kL1Allocate) != 0;
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
@@ -250,6 +270,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     const long long yoff = row * N + col0;
 
     PT cache[kCached ? NV : 1];
+    AffinePacks<W, VEC> affine[kPreload ? NV : 1];
     Acc acc = Stats::empty();
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
@@ -260,6 +281,11 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         ok[i] = row_ok && (kEven || v < kVecs);
         if (ok[i]) xv[i] = load_nc<T, VEC, kPf, kAlloc>(x, xoff + 1LL * v * VEC);
+      }
+      if constexpr (kPreload) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+          if (ok[i]) affine[i] = load_affine_packs<W, VEC, FLAGS>(p, vbase + c * kChunk + i * TPR + lane);
       }
       if constexpr (kAffinePf) {
         // Only the chunk whose gamma the normalize pass reads first; later
@@ -331,6 +357,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
             g[j] = kg[i][j];
             b[j] = kb[i][j];
           }
+        } else if constexpr (kPreload) {
+          affine_floats<W, VEC, FLAGS>(affine[i], g, b);
         } else {
           load_affine<W, VEC, FLAGS>(p, vbase + v, g, b);
         }

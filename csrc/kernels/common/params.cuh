@@ -62,6 +62,12 @@ enum NormFlags : unsigned {
   // column sums are the gradients themselves, written to dw / db in the
   // weight dtype; no partial rows and no column reduce.
   kDirectGrads = 1u << 23,
+  // forward, cached rows: gamma/beta are loaded into registers beside the
+  // row's x (as stored) rather than after the row reduction.
+  kPreloadAffine = 1u << 24,
+  // backward, kKeepTerms in registers: gamma is loaded after the first row's
+  // x and dy loads are issued, not before them (a CTA of one row block).
+  kGammaBesideRow = 1u << 25,
 };
 constexpr int kClusterShift = 14;
 constexpr int kRingExtraShift = 19;
