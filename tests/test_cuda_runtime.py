@@ -391,6 +391,12 @@ def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype
     check(op, results[2], ref(op, t), m)
 
 
+def layer_norm_variant(variant):
+    """An RMSNorm input variant as LayerNorm's: no residual there, and a weight
+    comes with a bias."""
+    return {"residual": "weight_bias", "weight": "weight_bias"}.get(variant, variant)
+
+
 @pytest.mark.parametrize(
     ("m", "n", "dtype", "variant"),
     [(1, 4096, torch.bfloat16, "zero_centered"), (32, 4096, torch.float16, "mixed"), (132, 8192, torch.bfloat16, "weight"),
@@ -403,7 +409,7 @@ def test_forward_fetches_gamma_three_ways_to_the_same_bits(op, m, n, dtype, vari
     rule): the same outputs bit for bit, and the reference's, contiguous and
     strided."""
     if op == "layer_norm":
-        variant = {"residual": "weight_bias", "weight": "weight_bias"}.get(variant, variant)
+        variant = layer_norm_variant(variant)
     results = {}
     for value in (1, 2, 3):
         with _tuning.override(fwd_affine_prefetch=value):
@@ -438,7 +444,7 @@ def test_backward_of_one_row_on_one_row_group(op, n, dtype, variant, poison):
     if n == 65536 and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the 65536-wide one-row plan is a cluster: sm_90+")
     if op == "layer_norm":
-        variant = {"residual": "weight_bias", "weight": "weight_bias"}.get(variant, variant)
+        variant = layer_norm_variant(variant)
     results = {}
     for threads in (0, 1024):
         with _tuning.override(bwd_cta_threads=threads):

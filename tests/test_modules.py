@@ -473,6 +473,15 @@ def test_backward_of_one_row_block_per_cta_loads_gamma_beside_the_row(op, shape,
         assert flags & KEEP_TERMS and not flags & STAGED_ROW, plan
     tpr, rows = (int(a) for a in plan["kernel"].split(", ")[4:6])  # <T, W, N, VEC, TPR, ROWS, ...>
     assert rows == (max(1, 32 // tpr) if shape[0] == 1 else max(1, 512 // tpr)), plan
+    # The override moves gamma on any grid that keeps its terms in registers; only
+    # a grid of one row block per CTA also asks for one CTA per SM.
+    off, on = _explain_off_on("bwd_gamma_beside_row", op, shape, dtype, device="cpu", sm_count=132, arch="sm_90")
+    off, on = off["backward"], on["backward"]
+    assert not kernel_flags(off["kernel"]) & GAMMA_BESIDE_ROW
+    eligible = bool(flags & KEEP_TERMS) and not flags & STAGED_ROW
+    assert bool(kernel_flags(on["kernel"]) & GAMMA_BESIDE_ROW) == eligible, on
+    if eligible and not late:
+        assert on["kernel"].split(", ")[-1] == off["kernel"].split(", ")[-1] == plan["kernel"].split(", ")[-1], on
 
 
 @pytest.mark.parametrize(

@@ -230,9 +230,8 @@ int64_t few_rows_max(const NormProblem& p, int sm_count) {
   return int64_t(sm_count) * kLatencyThreadsPerSm / ceil_div(p.hidden / choose_vec(p), int64_t(kLatencyVecs));
 }
 
-static int wide_vecs_target(const NormProblem& p, int sm_count) {
-  return p.rows <= few_rows_max(p, sm_count) ? kLatencyVecs : kWideVecs;
-}
+// `few_rows`: p.rows <= few_rows_max (the forward's few-row grid).
+static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kWideVecs; }
 
 // L1 prefetch of gamma/beta beside the row's loads (kPrefetchAffine); a
 // tuning override of 1 / 2 forces it off / on. H100 (benchmarks/NOTES.md
@@ -270,8 +269,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // CTAs. Narrow rows share 256-thread CTAs; narrow_vecs_target gives their
   // vectors per thread (H100 sweep, benchmarks/NOTES.md entry 24).
   const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
+  const bool few_rows = !narrow && p.rows <= few_rows_max(p, sm_count);
   const int kFwdVecsTarget =
-      pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, kCtaThreads) : wide_vecs_target(p, sm_count));
+      pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, kCtaThreads) : wide_vecs_target(few_rows));
   // Raw row bytes a thread may keep: 128 B is 64 bf16 or 32 fp32 values.
   const int kFwdCacheBytes = pick(t.fwd_cache_bytes, 128);
   NormFwdPlan plan;
@@ -422,8 +422,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
             (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
             (keep ? kKeepGamma : 0u) |
             hint_bits(t.fwd_hints, p.hidden >= 32768 && !in_smem, plan.persistent && in_regs) |
-            affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv,
-                              !narrow && p.rows <= few_rows_max(p, sm_count), small_grid);
+            affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
@@ -793,35 +792,40 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
 
-// Programmatic launches of the backward's later kernels (sm_90+): their CTAs
-// are scheduled while the previous kernel drains, so the launch gap between
-// them is hidden. Results are unchanged (each waits for the previous grid
-// before touching memory).
-//
 // A register-cached CTA (or cluster) that keeps its terms and visits a single
 // row block, because the grid has a CTA per row block, loads gamma right after
 // its row's x and dy (kGammaBesideRow) rather than before them: converting
 // gamma waits for it, so loaded first its DRAM round trip and the row's would
 // queue. Persistent CTAs pay that once for many rows and keep the early load,
 // which ptxas fits in fewer registers (the late one spills 8-16 bytes in
-// RMSNorm's two 320-thread CTAs per SM at N = 5120). Such a grid has at most
-// one CTA per SM, so its launch bounds ask for one (no spill at any N).
-// H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 39): RMSNorm
-// 32x4096 6.01 -> 5.15, 128x4096 7.40 -> 6.59, 256x2048 6.84 -> 6.22;
-// LayerNorm 32x4096 7.54 -> 6.23, 256x4096 9.50 -> 9.12.
+// RMSNorm's two 320-thread CTAs per SM at N = 5120). A grid of one row block
+// per CTA has at most one CTA per SM, so its launch bounds ask for one (no
+// spill at any N). H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 39):
+// RMSNorm 32x4096 6.01 -> 5.15, 128x4096 7.40 -> 6.59, 256x2048 6.84 ->
+// 6.22; LayerNorm 32x4096 7.54 -> 6.23, 256x4096 9.50 -> 9.12.
+static NormBwdPlan with_gamma_rule(NormBwdPlan plan, int sm_count, bool explain) {
+  const unsigned f = plan.key.flags;
+  if (plan.split || (f & kKeepTerms) == 0 || (f & kStagedRow) != 0) return plan;
+  const bool lone_row_block = plan.row_blocks <= std::max(1, sm_count / std::max<int>(1, plan.key.cluster));
+  if (pick(norm_tuning().bwd_gamma_beside_row, lone_row_block ? 2 : 1) != 2) return plan;
+  plan.key.flags |= kGammaBesideRow;
+  if (lone_row_block) plan.key.variant = 1;
+  if (explain)
+    plan.reason += lone_row_block
+                       ? "; one row block per CTA: gamma loaded beside the row, launch bounds of one CTA per SM"
+                       : "; gamma loaded beside the first row (tuning override)";
+  return plan;
+}
+
+// Programmatic launches of the backward's later kernels (sm_90+): their CTAs
+// are scheduled while the previous kernel drains, so the launch gap between
+// them is hidden. Results are unchanged (each waits for the previous grid
+// before touching memory).
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain) {
-  NormBwdPlan plan = plan_bwd_layout(p, want_dw, want_db, grad_dh, arch, explain);
+  NormBwdPlan plan = with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, arch, explain), sm_count, explain);
   const int forced = norm_tuning().bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
-  const unsigned f = plan.key.flags;
-  const bool lone_row_block = plan.row_blocks <= std::max(1, sm_count / std::max<int>(1, plan.key.cluster));
-  const bool beside = pick(norm_tuning().bwd_gamma_beside_row, lone_row_block ? 2 : 1) == 2;
-  if (!plan.split && (f & kKeepTerms) != 0 && (f & kStagedRow) == 0 && beside) {
-    plan.key.flags |= kGammaBesideRow;
-    plan.key.variant = 1;
-    if (explain) plan.reason += "; one row block per CTA: gamma loaded beside the row, launch bounds of one CTA per SM";
-  }
   return plan;
 }
 

@@ -56,20 +56,22 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
             for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
           }
         p.residual = false;
-        // The backward of one row (a CTA of one row group, writing the
-        // gradients directly: kDirectGrads) and of two row blocks (one per
-        // CTA: gamma loaded beside the row) are kernels of their own.
-        for (int kind = 0; kind < 3; ++kind)
-          for (int dw = 0; dw <= int(has_w); ++dw)
-            for (int db = 0; db <= int(has_b); ++db)
-              for (int dh = 0; dh <= int(!ln); ++dh) {
-                p.rows = 1 << 16;
-                if (kind == 1) p.rows = 1;
-                if (kind == 2) p.rows = 2 * plan_norm_bwd(p, dw, db, dh, 132, arch).key.rows_per_cta;
+        // Besides the full grid's backward, that of one row (a CTA of one row
+        // group, writing the gradients directly: kDirectGrads) and of two row
+        // blocks (one per CTA: gamma loaded beside the row) are kernels of
+        // their own.
+        for (int dw = 0; dw <= int(has_w); ++dw)
+          for (int db = 0; db <= int(has_b); ++db)
+            for (int dh = 0; dh <= int(!ln); ++dh) {
+              p.rows = 1 << 16;
+              const NormBwdPlan full = plan_norm_bwd(p, dw, db, dh, 132, arch);
+              for (int64_t rows : {p.rows, int64_t(1), 2 * int64_t(full.key.rows_per_cta)}) {
+                p.rows = rows;
                 const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, 132, arch);
                 keys.push_back(b.key);
                 if (b.split) keys.push_back(b.coef_key);
               }
+            }
       }
     }
     keys.push_back(column_reduce_key(wd, arch));
