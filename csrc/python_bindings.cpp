@@ -80,6 +80,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_programmatic", &NormTuning::bwd_programmatic, 2},
     {"bwd_direct_grads", &NormTuning::bwd_direct_grads, 2},
     {"bwd_gamma_beside_row", &NormTuning::bwd_gamma_beside_row, 2},
+    {"bwd_row_cluster", &NormTuning::bwd_row_cluster, 16},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -196,6 +197,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["kernel"] = b.key.name_expression();
   bd["block"] = b.key.threads();
   bd["cluster"] = b.key.cluster;
+  bd["row_cluster"] = (b.key.flags & kRowClusterBits) != 0;
   const bool staged = (b.key.flags & kStagedRow) != 0;
   bd["staged"] = staged;
   bd["ring_stages"] = staged ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
@@ -208,7 +210,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     bd["row_blocks"] = b.row_blocks;
     std::string cap_why;
     const int64_t cap = bwd_max_units(b, sm_count, &cap_why);
-    const bool capped = cap < b.row_blocks;
+    const bool capped = cap < bwd_grid_row_blocks(b);
     if (capped) {
       bd["max_ctas"] = cap * b.key.cluster;
       bd["reason"] = b.reason + cap_why;
@@ -217,7 +219,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
       bd["grid"] = int64_t(b.key.cluster);  // one row block: one CTA (cluster)
     } else if (device >= 0 && rows > 0) {
       const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);
-      bd["grid"] = norm_grid(b.row_blocks, true, sm_count, k, cap);
+      bd["grid"] = norm_grid(bwd_grid_row_blocks(b), true, sm_count, k, cap);
     } else {
       bd["grid"] = py::cast(unresolved_grid(b.key, capped));
     }

@@ -308,7 +308,9 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
     m = 131 if n <= 16384 else 11
     with _tuning.override(bwd_stage=2, bwd_cluster=cluster):
         plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")["backward"]
-        assert plan["staged"] and plan["cluster"] == cluster and plan["smem"] > 0
+        # (Without column slices, the rule may pair the CTAs as row clusters.)
+        column_cluster = 1 if plan["row_cluster"] else plan["cluster"]
+        assert plan["staged"] and column_cluster == cluster and plan["smem"] > 0
         check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
@@ -474,11 +476,60 @@ def test_backward_on_a_capped_grid(op, n, dtype, variant, min_row_blocks, poison
     if op == "layer_norm" and variant == "residual":
         variant = "weight_bias"
     m = 203
-    with _tuning.override(bwd_min_row_blocks=min_row_blocks):
+    # The staged rule's cap binds on grids without row clusters (sm_90+ pairs
+    # CTAs there instead), so the rule's case turns them off.
+    with _tuning.override(bwd_min_row_blocks=min_row_blocks, bwd_row_cluster=1 if min_row_blocks == 0 else 0):
         plan = rtcnorm.explain(op, (m, n), dtype, residual=variant == "residual", device="cuda")["backward"]
         assert plan.get("max_ctas") is not None and plan["grid"] <= plan["max_ctas"], plan
         assert plan["max_ctas"] // plan["cluster"] < plan["row_blocks"], plan
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant", "forced"),
+    [(256, 8192, torch.bfloat16, "weight", 0),  # the rule's clusters of two, staged rows
+     (1000, 8192, torch.float16, "mixed", 0), (203, 1000, torch.float32, "zero_centered", 4),
+     (97, 999, torch.bfloat16, "weight", 8),  # odd N: scalar column sums, 8 uneven shares
+     (300, 128, torch.bfloat16, "residual", 2),  # narrow rows: warps' bundles combined first
+     (8, 4096, torch.bfloat16, "weight", 4),  # one cluster: the gradients written directly
+     (16, 4096, torch.float16, "bias_only", 16),  # one cluster of 16, half its CTAs without rows
+     (40, 16384, torch.bfloat16, "residual", 2)],  # dh staged in the ring too
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_on_row_clusters(op, m, n, dtype, variant, forced, poison):
+    """The CTAs of a row cluster add up their column sums in distributed shared
+    memory (the rule's clusters of two, or forced sizes up to 16): the reference's
+    results contiguous and row-strided, bitwise the same dW / dB on a second run,
+    and bitwise the plain grid's y and dx."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters: sm_90+")
+    if forced == 16 and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("a cluster of 16 is sm_90's non-portable size")
+    if variant == "bias_only":
+        variant = "weight" if op == "rms_norm" else "bias"
+    if op == "layer_norm":
+        variant = layer_norm_variant(variant)
+        if n == 16384:  # LayerNorm's 16384-wide 16-bit rows are column slices; 7168 is one staged CTA
+            n = 7168
+    kw = dict(residual=variant == "residual", device="cuda")
+    with _tuning.override(bwd_row_cluster=forced):
+        plan = rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]
+        assert plan["row_cluster"] and plan["cluster"] == (forced or 2), plan
+        assert plan["direct_grads"] == (plan["row_blocks"] <= plan["cluster"]), plan
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+        torch.manual_seed(17)
+        t = make(op, (m, n), dtype)
+        poison(4 * t["x"].numel() * t["x"].element_size())
+        first = run(op, t)
+        second = run(op, t)
+    for key, got in first.items():
+        assert torch.equal(got, second[key]), key
+    with _tuning.override(bwd_row_cluster=1):
+        assert not rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]["row_cluster"]
+        plain = run(op, t)
+    for key in ("y", "dx"):
+        assert torch.equal(first[key], plain[key]), key
+    check(op, first, ref(op, t), m)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

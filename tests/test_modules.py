@@ -484,6 +484,71 @@ def test_backward_of_one_row_block_per_cta_loads_gamma_beside_the_row(op, shape,
         assert on["kernel"].split(", ")[-1] == off["kernel"].split(", ")[-1] == plan["kernel"].split(", ")[-1], on
 
 
+ROW_CLUSTER_SHIFT = 26
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "arch", "cluster"),
+    [("layer_norm", (256, 8192), BF16, "sm_90", 2), ("layer_norm", (16384, 7168), BF16, "sm_90", 2),
+     ("rms_norm", (256, 8192), BF16, "sm_90", 2), ("rms_norm", (1056, 8192), BF16, "sm_90", 2),
+     ("rms_norm", (1057, 8192), BF16, "sm_90", 1), ("rms_norm", (128, 16384), BF16, "sm_100", 2),
+     ("rms_norm", (256, 7168), BF16, "sm_90", 1),  # one 448-thread CTA an SM: lost up to 9%
+     ("layer_norm", (65, 8192), BF16, "sm_90", 1), ("layer_norm", (66, 8192), BF16, "sm_90", 2),
+     ("layer_norm", (256, 8192), BF16, "sm_80", 1), ("layer_norm", (256, 8192), torch.float32, "sm_90", 1),
+     ("rms_norm", (32, 4096), BF16, "sm_90", 1), ("layer_norm", (4096, 4096), BF16, "sm_90", 1),
+     ("layer_norm", (256, 65536), BF16, "sm_90", 1)],  # rows split into column slices
+)  # fmt: skip
+def test_staged_backward_sums_columns_across_a_row_cluster(op, shape, dtype, arch, cluster):
+    """sm_90+ staged rows (16-bit, N >= 7168) whose partial rows weigh on the
+    backward (LayerNorm's two; one of 8192+ columns, at most 8 row blocks an SM)
+    run as row clusters of two CTAs from half the SMs' row blocks up: the pair adds
+    up its column sums in distributed shared memory and writes one partial row.
+    Register rows, small grids, sm_80 and column-split rows keep a partial row a
+    CTA. The override forces any size (16 only on sm_90), 1 never; the grid of one
+    cluster writes the gradients itself."""
+    kw = dict(device="cpu", sm_count=132, arch=arch)
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    rc_bits = (kernel_flags(plan["kernel"]) >> ROW_CLUSTER_SHIFT) & 7
+    assert plan["row_cluster"] == (cluster > 1) == (rc_bits > 0), plan
+    if cluster > 1:
+        assert plan["cluster"] == 1 << rc_bits == cluster and plan["staged"], plan
+        assert "row cluster of 2 CTAs" in plan["reason"] and "max_ctas" not in plan, plan
+        # The CTA's column sums (and the bundles its combine reads) fit beside the ring.
+        grads = 2 if op == "layer_norm" else 1
+        assert plan["smem"] >= grads * shape[1] * 4, plan
+    bare = rtcnorm.explain(op, shape, dtype, elementwise_affine=False, **kw)["backward"]
+    assert not bare["row_cluster"], bare  # nothing to sum
+    with _tuning.override(bwd_row_cluster=1):
+        assert not rtcnorm.explain(op, shape, dtype, **kw)["backward"]["row_cluster"]
+    column_split = plan["cluster"] > 1 and not plan["row_cluster"]
+    for forced in (4, 16):
+        with _tuning.override(bwd_row_cluster=forced):
+            on = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+        if arch == "sm_80" or column_split:
+            assert not on["row_cluster"], on
+            continue
+        assert on["row_cluster"] and on["cluster"] == (forced if arch == "sm_90" else min(forced, 8)), on
+        assert on["direct_grads"] == (on["row_blocks"] <= on["cluster"]), on
+
+
+@pytest.mark.parametrize(("m", "forced", "direct"), [(8, 4, True), (16, 16, True), (16, 4, False), (1, 4, True)])
+def test_a_forced_row_cluster_of_every_row_block_writes_the_gradients(m, forced, direct):
+    """Forcing a row cluster at least as large as the row blocks (2 rows of 4096 a
+    CTA) gives a grid of one cluster that writes dW / dB itself; a smaller one
+    gives a partial row per cluster. A single row block needs no cluster."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    with _tuning.override(bwd_row_cluster=forced):
+        plan = rtcnorm.explain("layer_norm", (m, 4096), BF16, **kw)["backward"]
+    if m == 1:
+        assert not plan["row_cluster"] and plan["direct_grads"] and plan["grid"] == 1, plan
+        return
+    assert plan["row_cluster"] and plan["direct_grads"] == direct, plan
+    if direct:
+        assert plan["grid"] == forced and "the grid's one cluster writes the gradients" in plan["reason"], plan
+    # dW and dB sums (N floats each) beside the two row groups' bundles.
+    assert plan["smem"] == (1 + 2) * 4096 * 4, plan
+
+
 @pytest.mark.parametrize(
     ("op", "n", "dtype", "prefetch"),
     [("layer_norm", 7168, BF16, "staged"), ("layer_norm", 6144, BF16, True), ("layer_norm", 4096, BF16, True),
@@ -524,7 +589,9 @@ def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
     65536 elements, become staged 4096-element slices of a cluster on sm_90+ and
     keep the split design before; float32 rows never stage."""
     plan = rtcnorm.explain(op, (4096, n), dtype, residual=residual, device="cpu")["backward"]
-    assert plan["staged"] == staged and plan["cluster"] == cluster, plan
+    # (LayerNorm's staged rows of one CTA run as row clusters of two on sm_90+.)
+    column_cluster = 1 if plan["row_cluster"] else plan["cluster"]
+    assert plan["staged"] == staged and column_cluster == cluster, plan
     if staged:
         tensors = 3 if residual else 2
         assert plan["smem"] >= 2 * n // cluster * dtype.itemsize * tensors
@@ -534,26 +601,32 @@ def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
 
 
 @pytest.mark.parametrize(
-    ("op", "shape", "dtype", "max_ctas"),
-    [("rms_norm", (256, 8192), BF16, 128), ("rms_norm", (128, 8192), BF16, 66),
-     ("layer_norm", (128, 8192), BF16, 66), ("layer_norm", (1024, 8192), BF16, 128),
-     ("rms_norm", (4000, 8192), torch.float16, 2000), ("layer_norm", (256, 16384), BF16, None),
-     ("rms_norm", (256, 4096), BF16, None), ("rms_norm", (256, 8192), torch.float32, None),
-     ("layer_norm", (64, 65536), BF16, None)],
+    ("op", "shape", "dtype", "arch", "max_ctas"),
+    [("rms_norm", (256, 7168), BF16, "sm_90", 128), ("rms_norm", (128, 7168), BF16, "sm_90", 66),
+     ("rms_norm", (256, 8192), BF16, "sm_80", 128), ("layer_norm", (128, 8192), BF16, "sm_80", 66),
+     ("layer_norm", (1024, 8192), BF16, "sm_80", 128), ("rms_norm", (4000, 8192), torch.float16, "sm_90", 2000),
+     ("rms_norm", (256, 8192), BF16, "sm_90", None), ("layer_norm", (1024, 8192), BF16, "sm_90", None),
+     ("layer_norm", (256, 16384), BF16, "sm_90", None), ("rms_norm", (256, 4096), BF16, "sm_90", None),
+     ("rms_norm", (256, 8192), torch.float32, "sm_90", None), ("layer_norm", (64, 65536), BF16, "sm_90", None)],
 )  # fmt: skip
-def test_backward_grid_cap_rule(op, shape, dtype, max_ctas):
+def test_backward_grid_cap_rule(op, shape, dtype, arch, max_ctas):
     """Staged one-CTA backward rows run on at most max(SMs / 2, row blocks / k)
     CTAs, k = 2 for one fp32 partial output (dW) and 8 for two (dW and dB), so
     few rows write few fp32 partial rows; register rows, cluster rows
-    (LayerNorm 16384 and 65536 bf16 are cluster slices) and float32 keep the
-    resident grid. bwd_min_row_blocks forces a cap on any plan."""
-    plan = rtcnorm.explain(op, shape, dtype, device="cpu", sm_count=132)["backward"]
+    (LayerNorm 16384 and 65536 bf16 are cluster slices), row clusters (sm_90+:
+    their pairs already halve the partial rows) and float32 keep the resident
+    grid. bwd_min_row_blocks forces a cap on any plan, in whole clusters."""
+    kw = dict(device="cpu", sm_count=132, arch=arch)
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
     assert plan.get("max_ctas") == max_ctas, plan
     if max_ctas is not None:
         assert plan["staged"] and plan["cluster"] == 1 and "capped" in plan["reason"]
     with _tuning.override(bwd_min_row_blocks=5):
-        forced = rtcnorm.explain(op, shape, dtype, device="cpu", sm_count=132)["backward"]
-    assert forced["max_ctas"] == -(-forced["row_blocks"] // 5) * forced["cluster"], forced
+        forced = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    ctas = -(-forced["row_blocks"] // 5)
+    if forced["row_cluster"]:  # each CTA of a row cluster owns row blocks
+        ctas = -(-ctas // forced["cluster"])
+    assert forced["max_ctas"] == ctas * forced["cluster"], forced
 
 
 @pytest.mark.parametrize(

@@ -312,9 +312,9 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.
   SplitGrid split;
   if (plan.split) split = split_grid(plan, d.rows, info.sm_count);
-  const int64_t grid = plan.split
-                           ? split.col_tiles
-                           : norm_grid(plan.row_blocks, true, info.sm_count, k, bwd_max_units(plan, info.sm_count));
+  const int64_t grid =
+      plan.split ? split.col_tiles
+                 : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k, bwd_max_units(plan, info.sm_count));
   const int64_t parts = plan.split ? split.row_tiles : grid / k.cluster;
   // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself.
   const bool direct = (plan.key.flags & kDirectGrads) != 0;

@@ -817,13 +817,92 @@ static NormBwdPlan with_gamma_rule(NormBwdPlan plan, int sm_count, bool explain)
   return plan;
 }
 
+// ---- Row clusters (sm_90+, kRowClusterBits) ----
+// Every persistent CTA's column sums become a fp32 partial row that a second
+// kernel reads back. The CTAs of a row cluster, each walking its own row
+// blocks, instead add up their column sums in distributed shared memory and
+// the cluster writes one partial row; a grid of one cluster writes the
+// gradients themselves (kDirectGrads) and no column reduce runs.
+// H100 kernel-only sweep, bf16 (benchmarks/NOTES.md entry 40):
+// - staged rows (x and dy through the shared-memory ring), clusters of 2:
+//   LayerNorm's two partial rows a CTA, 1-16% faster at every row count
+//   measured (N = 8192: 256 rows 17.2 -> 15.0 us, 512 22.9 -> 19.3, 4096
+//   82.8 -> 79.4; N = 7168: 512 rows 21.2 -> 18.9); one partial row
+//   (RMSNorm) 3-13% faster for rows of 8192+ up to about 8 row blocks an
+//   SM (256x8192 13.3 -> 12.9, 128x16384 19.2 -> 16.7, 1024x16384 51.6 ->
+//   50.3), while 7168-wide RMSNorm rows (one 448-thread CTA an SM) lost
+//   up to 9%. Clusters of 4 fit only 120 CTAs on 132 SMs and gained less.
+// - grids of fewer row blocks than half the SMs: a cluster costs 0.4-1.7 us
+//   more than the partial rows and column reduce it saves (RMSNorm 32x4096
+//   5.07 -> 5.75 us as one cluster of 16 writing the gradients, 6.6-6.9 as
+//   clusters of 2-8; staged 32x8192 6.97 -> 7.39, LayerNorm 9.61 -> 9.68).
+// - register rows (N = 128-4096, 256-4096 rows) lost 2-38%.
+// Those keep one partial row a CTA.
+constexpr int kMaxRowCluster = 16;         // sm_90's non-portable cluster size (tuning override only)
+constexpr int kMaxPortableRowCluster = 8;  // every other architecture's
+constexpr int kRuleRowCluster = 2;
+constexpr int64_t kRowClusterMinHidden = 8192;       // one-gradient rows of at least this width
+constexpr int64_t kRowClusterMaxRowBlocksPerSm = 8;  // and at most this many row blocks an SM
+
+static int row_cluster_size(const NormBwdPlan& plan, int sm_count, int arch) {
+  const unsigned f = plan.key.flags;
+  const bool eligible = arch >= 90 && !plan.split && plan.cached && plan.key.cluster == 1 &&
+                        (f & (kWantDw | kWantDb)) != 0 && plan.row_blocks > 1;
+  const int forced = norm_tuning().bwd_row_cluster;
+  if (!eligible || forced == 1) return 1;
+  if (forced > 1) {
+    const int most = arch == 90 ? kMaxRowCluster : kMaxPortableRowCluster;
+    int rc = 1;
+    while (rc * 2 <= std::min(forced, most)) rc *= 2;
+    return rc;
+  }
+  const bool two_grads = (f & kWantDw) != 0 && (f & kWantDb) != 0;
+  const bool wide_few = plan.key.hidden >= kRowClusterMinHidden &&
+                        plan.row_blocks <= kRowClusterMaxRowBlocksPerSm * std::max(1, sm_count);
+  const bool enough_rows = 2 * plan.row_blocks >= sm_count;
+  return (f & kStagedRow) != 0 && enough_rows && (two_grads || wide_few) ? kRuleRowCluster : 1;
+}
+
+static NormBwdPlan with_row_cluster_rule(NormBwdPlan plan, int sm_count, int arch, bool explain) {
+  const int rc = row_cluster_size(plan, sm_count, arch);
+  if (rc == 1) return plan;
+  const KernelKey& k = plan.key;
+  const bool dw = (k.flags & kWantDw) != 0, db = (k.flags & kWantDb) != 0;
+  // The CTA's column sums (N floats a gradient) and the bundles its combine
+  // reads, laid out as norm_bwd.cuh's row-cluster epilogue expects.
+  const int bundles = k.threads_per_row < 32 ? (k.threads_per_row * k.rows_per_cta) / 32 : k.rows_per_cta;
+  const int64_t sums = ((dw && db) ? 1 : 0) + std::max(1, bundles);
+  const size_t smem = std::max(plan.smem, static_cast<size_t>(sums * k.hidden) * sizeof(float));
+  if (static_cast<int64_t>(smem) > max_smem_per_block(arch)) return plan;
+  int log2 = 0;
+  while ((1 << log2) < rc) ++log2;
+  plan.key.flags |= static_cast<unsigned>(log2) << kRowClusterShift;
+  plan.key.cluster = static_cast<int16_t>(rc);
+  plan.smem = smem;
+  const bool direct = plan.row_blocks <= rc && pick(norm_tuning().bwd_direct_grads, 2) == 2;
+  if (direct) plan.key.flags |= kDirectGrads;
+  if (explain)
+    plan.reason += "; row cluster of " + std::to_string(rc) +
+                   " CTAs: their column sums meet in distributed shared memory, " +
+                   (direct ? std::string("and the grid's one cluster writes the gradients (no column reduce)")
+                           : std::string("one fp32 partial row per cluster"));
+  return plan;
+}
+
+int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) {
+  const bool row_cluster = (plan.key.flags & kRowClusterBits) != 0;
+  return row_cluster ? ceil_div(plan.row_blocks, plan.key.cluster) : plan.row_blocks;
+}
+
 // Programmatic launches of the backward's later kernels (sm_90+): their CTAs
 // are scheduled while the previous kernel drains, so the launch gap between
 // them is hidden. Results are unchanged (each waits for the previous grid
 // before touching memory).
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain) {
-  NormBwdPlan plan = with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, arch, explain), sm_count, explain);
+  NormBwdPlan plan = with_row_cluster_rule(
+      with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, arch, explain), sm_count, explain), sm_count, arch,
+      explain);
   const int forced = norm_tuning().bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;
@@ -854,10 +933,12 @@ int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why) {
   const int forced = norm_tuning().bwd_min_row_blocks;
   const bool staged = (plan.key.flags & kStagedRow) != 0;
   if (forced <= 0 && (!staged || plan.key.cluster > 1)) return kNoCap;
-  const int64_t cap = forced > 0 ? ceil_div(plan.row_blocks, forced)
+  // A row cluster's CTAs each own row blocks: its cap counts whole clusters.
+  const int64_t per_unit = (plan.key.flags & kRowClusterBits) != 0 ? plan.key.cluster : 1;
+  const int64_t cap = forced > 0 ? ceil_div(ceil_div(plan.row_blocks, forced), per_unit)
                                  : std::max<int64_t>(std::max(1, sm_count / 2),
                                                      ceil_div(plan.row_blocks, staged_row_blocks_per_cta(plan)));
-  if (why != nullptr && cap < plan.row_blocks)
+  if (why != nullptr && cap < bwd_grid_row_blocks(plan))
     *why = forced > 0 ? "; the grid is also capped at ceil(row blocks / bwd_min_row_blocks) = " + std::to_string(cap) +
                             (plan.key.cluster > 1 ? " clusters" : " CTAs") + ", by the tuning override"
                       : "; the grid is also capped at max(SMs / 2, row blocks / " +

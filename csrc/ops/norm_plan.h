@@ -93,6 +93,11 @@ int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
 // receives the reason text where the cap is below the row blocks.
 int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why = nullptr);
 
+// Row blocks as the backward's persistent grid counts them (norm_grid): a
+// row cluster's CTAs each walk row blocks, so its clusters count shares of
+// k.cluster row blocks.
+int64_t bwd_grid_row_blocks(const NormBwdPlan& plan);
+
 // Kernel families, for callers that enumerate keys (precompile).
 extern const jit::KernelFamily kRmsNormFwd, kRmsNormBwd, kLayerNormFwd, kLayerNormBwd, kColumnReduce;
 extern const jit::KernelFamily kRmsNormBwdCoef, kRmsNormBwdCols, kLayerNormBwdCoef, kLayerNormBwdCols;

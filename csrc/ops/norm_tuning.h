@@ -75,6 +75,12 @@ struct NormTuning {
   // the first row, 2 = beside it (kGammaBesideRow) on any grid; the rule: where
   // each CTA (cluster) has a single row block.
   int bwd_gamma_beside_row = 0;
+  // Backward, register-cached or staged rows not split into column slices
+  // (sm_90+): CTAs of a row cluster, whose column sums meet in distributed
+  // shared memory so that each cluster writes one partial row (the grid's
+  // only cluster: the gradients). 1 = never, 2 / 4 / 8 / 16 = that many
+  // (16 on sm_90 only) wherever the rows have more than one row block.
+  int bwd_row_cluster = 0;
 };
 
 NormTuning& norm_tuning();

@@ -57,15 +57,18 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
           }
         p.residual = false;
         // Besides the full grid's backward, that of one row (a CTA of one row
-        // group, writing the gradients directly: kDirectGrads) and of two row
-        // blocks (one per CTA: gamma loaded beside the row) are kernels of
-        // their own.
+        // group, writing the gradients directly: kDirectGrads), of two row
+        // blocks (one per CTA: gamma loaded beside the row) and of one row
+        // block an SM (sm_90+ staged rows: row clusters of two) are kernels
+        // of their own.
         for (int dw = 0; dw <= int(has_w); ++dw)
           for (int db = 0; db <= int(has_b); ++db)
             for (int dh = 0; dh <= int(!ln); ++dh) {
               p.rows = 1 << 16;
               const NormBwdPlan full = plan_norm_bwd(p, dw, db, dh, 132, arch);
-              for (int64_t rows : {p.rows, int64_t(1), 2 * int64_t(full.key.rows_per_cta)}) {
+              std::vector<int64_t> bwd_rows = {p.rows, 1};
+              for (int64_t blocks : {2, 132}) bwd_rows.push_back(blocks * full.key.rows_per_cta);
+              for (int64_t rows : bwd_rows) {
                 p.rows = rows;
                 const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, 132, arch);
                 keys.push_back(b.key);

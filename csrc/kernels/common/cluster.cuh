@@ -58,6 +58,19 @@ __device__ __forceinline__ float load_remote(const float* local, int rank) {
   return v;
 }
 
+// Four floats at `local`'s offset (16-byte aligned) in the shared memory of
+// cluster CTA `rank`, in one access.
+__device__ __forceinline__ float4 load_remote4(const float* local, int rank) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote));
+  return v;
+}
+
 template <typename Acc>
 __device__ __forceinline__ Acc load_remote(const Acc& local, int rank) {
   static_assert(sizeof(Acc) % sizeof(float) == 0, "accumulators are plain floats");

@@ -44,6 +44,13 @@
 //   p.dw / p.db in the weight dtype and no partial row or column reduce
 //   exists. Same additions in the same order, so the same bits as the fp32
 //   partial row that the reduce would convert.
+// - A row cluster of RC CTAs (kRowClusterBits, cached rows, no column
+//   split): each CTA walks row blocks as a lone CTA would, then the
+//   cluster's column sums meet in distributed shared memory (in rank order)
+//   and cluster c writes partial row c (gridDim.x / RC rows), or, as the
+//   grid's only cluster, the gradients (kDirectGrads). A CTA past the last
+//   row block adds zeros. Dynamic shared memory then also holds N floats a
+//   gradient (plus the bundles of the combine), which the host sizes alike.
 // - The column reduce that follows is launched programmatically on sm_90+
 //   (grid_dep.cuh): every CTA lets it be scheduled at its start, and it waits
 //   for this grid to complete before reading the partial rows.
@@ -165,6 +172,48 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
   }
 }
 
+// A row cluster's (kRowClusterBits, RC CTAs) column sums meet: each CTA has
+// left its own in `sums` (N floats of its shared memory, by
+// write_partial_row) and passed a cluster barrier; CTA r then adds up its
+// share of the columns over the ranks, in rank order, into the cluster's
+// partial row, or with DIRECT (the grid is this one cluster) into the
+// gradient `out` in the weight dtype. The caller's next cluster barrier keeps
+// every CTA's shared memory alive until its peers have read it.
+template <int N, int RC, typename W, bool DIRECT>
+__device__ __forceinline__ void sum_row_cluster_columns(const float* sums, float* partial_row, W* out) {
+  constexpr int kG = N % 4 == 0 ? 4 : 1;  // floats an access: 16 bytes where every group is 16-byte aligned
+  constexpr int kGroups = N / kG;
+  constexpr int kShare = (kGroups + RC - 1) / RC;
+  const int first = cluster_rank<RC>() * kShare;
+  const int last = min(kGroups, first + kShare);
+  for (int g = first + static_cast<int>(threadIdx.x); g < last; g += blockDim.x) {
+    float part[RC][kG];  // every rank's load issued before the first add: one round trip
+#pragma unroll
+    for (int k = 0; k < RC; ++k) {
+      if constexpr (kG == 4) {
+        const float4 v = load_remote4(sums + g * 4, k);
+        part[k][0] = v.x;
+        part[k][1] = v.y;
+        part[k][2] = v.z;
+        part[k][3] = v.w;
+      } else {
+        part[k][0] = load_remote(sums + g, k);
+      }
+    }
+    Pack<float, kG> total;
+#pragma unroll
+    for (int j = 0; j < kG; ++j) {
+      total.e[j] = part[0][j];
+#pragma unroll
+      for (int k = 1; k < RC; ++k) total.e[j] += part[k][j];
+    }
+    if constexpr (DIRECT)
+      store<W, kG>(out, 1LL * g * kG, from_floats<W, kG>(total.e));
+    else
+      store<float, kG>(partial_row, 1LL * g * kG, total);
+  }
+}
+
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
 __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
@@ -197,6 +246,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   static_assert(kCl == 1 || kCached, "a cluster splits rows it caches in registers");
   static_assert(!kStaged || kCached, "staged rows are cached rows");
   static_assert((FLAGS & kDirectGrads) == 0 || kCached, "only register sums are written as the gradients");
+  constexpr int kRc = 1 << ((FLAGS & kRowClusterBits) >> kRowClusterShift);
+  static_assert(kRc == 1 || (kCl == 1 && kCached), "a row cluster's CTAs cache whole rows in registers or the ring");
 
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
@@ -434,10 +485,27 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   cluster_exit<kCl>();
   if constexpr (kStaged) __syncthreads();  // the partial-row combine reuses the ring
   constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
-  if constexpr (kCached && kDw)
-    write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem);
-  if constexpr (kCached && kDb)
-    write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(db_acc, pb, static_cast<W*>(p.db) + col0, smem);
+  if constexpr (kRc > 1) {
+    // The CTA's column sums stay in its shared memory, dW's at [0, N) and
+    // dB's after them (each combine's bundles start at its own sums, which
+    // it writes in place), for the cluster to add up.
+    float* const sum_w = smem;
+    float* const sum_b = smem + (kDw ? N : 0);
+    if constexpr (kDw) write_partial_row<N, VEC, TPR, ROWS, NV, W, false>(dw_acc, sum_w, nullptr, sum_w);
+    if constexpr (kDb) write_partial_row<N, VEC, TPR, ROWS, NV, W, false>(db_acc, sum_b, nullptr, sum_b);
+    cluster_barrier();
+    const long long part = (kDirect ? 0 : blockIdx.x / kRc) * N;
+    if constexpr (kDw)
+      sum_row_cluster_columns<N, kRc, W, kDirect>(sum_w, kDirect ? nullptr : p.partial_w + part, static_cast<W*>(p.dw));
+    if constexpr (kDb)
+      sum_row_cluster_columns<N, kRc, W, kDirect>(sum_b, kDirect ? nullptr : p.partial_b + part, static_cast<W*>(p.db));
+    cluster_barrier();
+  } else {
+    if constexpr (kCached && kDw)
+      write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem);
+    if constexpr (kCached && kDb)
+      write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(db_acc, pb, static_cast<W*>(p.db) + col0, smem);
+  }
 }
 
 }  // namespace rtcnorm

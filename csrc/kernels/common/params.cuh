@@ -68,9 +68,16 @@ enum NormFlags : unsigned {
   // backward, kKeepTerms in registers: gamma is loaded after the first row's
   // x and dy loads are issued, not before them (a CTA of one row block).
   kGammaBesideRow = 1u << 25,
+  // backward, cached rows, no column split: log2 of the CTAs of a
+  // thread-block cluster that own different row blocks of the same columns
+  // (0: none; 1..4: clusters of 2..16, sm_90+; 16 is a non-portable size).
+  // Their column sums meet in distributed shared memory, so the cluster
+  // writes one partial row (or, as the grid's only cluster, the gradients).
+  kRowClusterBits = 7u << 26,
 };
 constexpr int kClusterShift = 14;
 constexpr int kRingExtraShift = 19;
+constexpr int kRowClusterShift = 26;
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
 
