@@ -36,9 +36,13 @@ The backward (one design whatever the forward mode) keeps each row's x and dy
 on chip too: in registers, or, for 16-bit rows of 7168 elements or more,
 staged through a two-stage shared-memory ring whose next row is already
 being copied while the current one is reduced (``explain(...)["backward"]
-["staged"]``); with few rows, staged rows share at most max(SMs / 2, row blocks
-/ k) CTAs (k = 2 for dW alone, 8 for dW and dB), which write fewer partial dW
-rows (``["backward"]["max_ctas"]``). When one row block holds every row, its
+["staged"]``). On sm_90 and newer, staged rows run as row clusters of two CTAs
+(LayerNorm from half the SMs' row blocks up; one gradient on rows of 8192 or
+more, up to 8 row blocks an SM) whose dW / dB column sums meet in distributed
+shared memory, so each pair writes one partial row (``["backward"]
+["row_cluster"]``); elsewhere, with few rows, staged rows share at most
+max(SMs / 2, row blocks / k) CTAs (k = 2 for dW alone, 8 for dW and dB), which
+write fewer partial dW rows (``["backward"]["max_ctas"]``). When one row block holds every row, its
 CTA (or cluster) writes dW / dB itself and no column reduce runs
 (``["backward"]["direct_grads"]``).
 On sm_90 and newer it splits float32 rows of more than 8192
