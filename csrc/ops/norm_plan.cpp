@@ -517,6 +517,11 @@ static bool stage_rule(const NormProblem& p, bool grad_dh) {
   return jit::element_size(p.dtype) == 2 && (grad_dh ? p.hidden > 8192 : p.hidden >= 7168);
 }
 
+// The backward CTA's bundles (kernels/common/norm_bwd.cuh, BwdLayout): row
+// groups whose column sums are combined through shared memory, whole warps
+// when a group is narrower than one.
+static int bwd_bundles(int tpr, int rows) { return tpr < 32 ? (tpr * rows) / 32 : rows; }
+
 static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain,
                                 BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
@@ -545,7 +550,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, row_threads) / tpr) : 1;
   const int nv = plan.cached ? nv_row : std::min(nv_row, nv_target);
   plan.row_blocks = ceil_div(p.rows, rows);
-  const int bundles = tpr < 32 ? (tpr * rows) / 32 : rows;
+  const int bundles = bwd_bundles(tpr, rows);
   const bool accum = want_dw || want_db;
   plan.smem = (plan.cached && accum && bundles > 1) ? size_t(bundles) * size_t(p.hidden) * sizeof(float) : 0;
 
@@ -683,7 +688,7 @@ static int cluster_size(int override_value, int64_t units, int64_t slice, int64_
   if (arch < 90 || override_value == 1) return 1;
   int cl = 1;
   if (override_value > 1) {
-    while (cl * 2 <= std::min(override_value, kMaxCluster)) cl *= 2;
+    cl = static_cast<int>(pow2_floor(std::min(override_value, kMaxCluster)));
   } else {
     while (cl < kMaxCluster && units > slice * cl) cl *= 2;
   }
@@ -695,10 +700,8 @@ static int cluster_size(int override_value, int64_t units, int64_t slice, int64_
 // cluster plan: the key names the whole row and the cluster shape.
 template <typename Plan>
 static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool explain) {
-  int log2 = 0;
-  while ((1 << log2) < cl) ++log2;
   plan.key.hidden = static_cast<int32_t>(p.hidden);
-  plan.key.flags |= static_cast<unsigned>(log2) << kClusterShift;
+  plan.key.flags |= log2_of_pow2(cl) << kClusterShift;
   plan.key.cluster = static_cast<int16_t>(cl);
   if (explain)
     plan.reason += "; row split across a cluster of " + std::to_string(cl) + " CTAs, " + std::to_string(p.hidden / cl) +
@@ -838,8 +841,7 @@ static NormBwdPlan with_gamma_rule(NormBwdPlan plan, int sm_count, bool explain)
 //   clusters of 2-8; staged 32x8192 6.97 -> 7.39, LayerNorm 9.61 -> 9.68).
 // - register rows (N = 128-4096, 256-4096 rows) lost 2-38%.
 // Those keep one partial row a CTA.
-constexpr int kMaxRowCluster = 16;         // sm_90's non-portable cluster size (tuning override only)
-constexpr int kMaxPortableRowCluster = 8;  // every other architecture's
+constexpr int kMaxRowCluster = 16;  // sm_90's non-portable cluster size (tuning override only; else kMaxCluster)
 constexpr int kRuleRowCluster = 2;
 constexpr int64_t kRowClusterMinHidden = 8192;       // one-gradient rows of at least this width
 constexpr int64_t kRowClusterMaxRowBlocksPerSm = 8;  // and at most this many row blocks an SM
@@ -850,12 +852,7 @@ static int row_cluster_size(const NormBwdPlan& plan, int sm_count, int arch) {
                         (f & (kWantDw | kWantDb)) != 0 && plan.row_blocks > 1;
   const int forced = norm_tuning().bwd_row_cluster;
   if (!eligible || forced == 1) return 1;
-  if (forced > 1) {
-    const int most = arch == 90 ? kMaxRowCluster : kMaxPortableRowCluster;
-    int rc = 1;
-    while (rc * 2 <= std::min(forced, most)) rc *= 2;
-    return rc;
-  }
+  if (forced > 1) return static_cast<int>(pow2_floor(std::min(forced, arch == 90 ? kMaxRowCluster : kMaxCluster)));
   const bool two_grads = (f & kWantDw) != 0 && (f & kWantDb) != 0;
   const bool wide_few = plan.key.hidden >= kRowClusterMinHidden &&
                         plan.row_blocks <= kRowClusterMaxRowBlocksPerSm * std::max(1, sm_count);
@@ -870,13 +867,10 @@ static NormBwdPlan with_row_cluster_rule(NormBwdPlan plan, int sm_count, int arc
   const bool dw = (k.flags & kWantDw) != 0, db = (k.flags & kWantDb) != 0;
   // The CTA's column sums (N floats a gradient) and the bundles its combine
   // reads, laid out as norm_bwd.cuh's row-cluster epilogue expects.
-  const int bundles = k.threads_per_row < 32 ? (k.threads_per_row * k.rows_per_cta) / 32 : k.rows_per_cta;
-  const int64_t sums = ((dw && db) ? 1 : 0) + std::max(1, bundles);
+  const int64_t sums = ((dw && db) ? 1 : 0) + std::max(1, bwd_bundles(k.threads_per_row, k.rows_per_cta));
   const size_t smem = std::max(plan.smem, static_cast<size_t>(sums * k.hidden) * sizeof(float));
   if (static_cast<int64_t>(smem) > max_smem_per_block(arch)) return plan;
-  int log2 = 0;
-  while ((1 << log2) < rc) ++log2;
-  plan.key.flags |= static_cast<unsigned>(log2) << kRowClusterShift;
+  plan.key.flags |= log2_of_pow2(rc) << kRowClusterShift;
   plan.key.cluster = static_cast<int16_t>(rc);
   plan.smem = smem;
   const bool direct = plan.row_blocks <= rc && pick(norm_tuning().bwd_direct_grads, 2) == 2;

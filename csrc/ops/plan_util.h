@@ -17,6 +17,20 @@ inline int64_t pow2_ceil(int64_t v) {
   return p;
 }
 
+// The largest power of two <= v (1 for v <= 1).
+inline int64_t pow2_floor(int64_t v) {
+  int64_t p = 1;
+  while (p * 2 <= v) p <<= 1;
+  return p;
+}
+
+// log2 of a power of two.
+inline unsigned log2_of_pow2(int64_t v) {
+  unsigned k = 0;
+  while ((int64_t(1) << k) < v) ++k;
+  return k;
+}
+
 // A planner tunable: a positive override replaces the rule's value.
 inline int pick(int override_value, int rule) { return override_value > 0 ? override_value : rule; }
 

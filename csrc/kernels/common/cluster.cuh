@@ -46,28 +46,30 @@ __device__ __forceinline__ void cluster_barrier() {
   cluster_wait();
 }
 
-// The float at `local`'s offset in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ float load_remote(const float* local, int rank) {
+// The shared::cluster address of `local`'s offset in cluster CTA `rank`.
+__device__ __forceinline__ unsigned remote_address(const float* local, int rank) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
   unsigned remote;
-  float v;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  return remote;
+}
+
+// The float at `local`'s offset in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ float load_remote(const float* local, int rank) {
+  float v;
   // No memory clobber: cluster_barrier's orders these loads; leaving them
   // free lets the CL loads of cluster_allreduce be in flight together.
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote_address(local, rank)));
   return v;
 }
 
 // Four floats at `local`'s offset (16-byte aligned) in the shared memory of
 // cluster CTA `rank`, in one access.
 __device__ __forceinline__ float4 load_remote4(const float* local, int rank) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
   float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote));
+               : "r"(remote_address(local, rank)));
   return v;
 }
 
