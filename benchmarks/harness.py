@@ -11,6 +11,13 @@ Timing contract (every bench_<op>.py relies on it):
   memsets or memcpys) of one call, from torch.profiler, with the flush kernel left
   out; kernels that overlap (a programmatic launch starts before its predecessor
   ends) count once. The gap between it and `bench(fn)` is host overhead.
+- The flush cannot evict L2 lines a kernel loaded with an evict_last policy
+  (`torch.compile`'s kernels do so for inputs they read twice): those lines stay
+  until their priority is reset. So every measurement starts with
+  `reset_persisting_l2()`, and `profiler_kernel_ms` resets before every timed call,
+  so that no call finds its inputs left in L2 by its own or another impl's earlier
+  calls. `bench` resets once: triton's loop has no hook between calls, so a kernel
+  that marks its own inputs keeps them in L2 for its later calls there.
 """
 
 from __future__ import annotations
@@ -81,6 +88,30 @@ def _do_bench():
     return _cache["do_bench"]
 
 
+def reset_persisting_l2() -> None:
+    """Wait for the device, then return every L2 line marked persisting to normal
+    priority (the driver's cuCtxResetPersistingL2Cache). Loads with an evict_last
+    policy mark their lines so and the 256 MB flush does not evict them: on an H100,
+    after one `torch.compile` call of RMSNorm 256x8192 had read x that way, every
+    later flushed forward of that x, rtcnorm's and Liger's included, ran 1.3-1.5 us
+    (a quarter) faster (benchmarks/NOTES.md entry 41). No-op without CUDA."""
+    if not on_cuda():
+        return
+    if "cu_reset" not in _cache:
+        import ctypes
+
+        try:
+            _cache["cu_reset"] = ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache
+        except (OSError, AttributeError):
+            _cache["cu_reset"] = None
+            warnings.warn("harness: cuCtxResetPersistingL2Cache not found; lines loaded evict_last may stay in L2")
+    torch.cuda.synchronize()
+    if _cache["cu_reset"] is not None:
+        status = _cache["cu_reset"]()
+        if status != 0:
+            raise RuntimeError(f"harness: cuCtxResetPersistingL2Cache failed with CUresult {status}")
+
+
 def timer_name() -> str:
     if not on_cuda():
         return "wall-clock (CPU smoke run; not a benchmark)"
@@ -130,6 +161,8 @@ def bench(fn, *, grad: bool = False) -> float:
     warmup, rep = _cfg["warmup"] * (2 if grad else 1), _cfg["rep"]
     if not on_cuda():
         return _wall_bench(fn, warmup, rep)
+    fn()  # any lines marked persisting by this set-up call are reset below
+    reset_persisting_l2()
     do_bench = _do_bench()
     if do_bench is not None:
         return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
@@ -175,7 +208,9 @@ def _flush_kernel_names() -> set:
 
 def profiler_kernel_ms(fn, iters: int = 20) -> float:
     """Device time of one call of `fn` from torch.profiler: all kernels, memsets and
-    memcpys over `iters` L2-flushed calls, divided by `iters`. On CPU: self CPU time."""
+    memcpys over `iters` L2-flushed calls, divided by `iters`; persisting L2 lines are
+    reset before each call (the wait that needs adds no device time). On CPU: self
+    CPU time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -190,6 +225,7 @@ def profiler_kernel_ms(fn, iters: int = 20) -> float:
         with profile(activities=acts) as prof:
             for _ in range(iters):
                 if flush is not None:
+                    reset_persisting_l2()
                     flush.bitwise_not_()
                 fn()
             sync()
