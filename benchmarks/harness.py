@@ -104,7 +104,9 @@ def reset_persisting_l2() -> None:
             _cache["cu_reset"] = ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache
         except (OSError, AttributeError):
             _cache["cu_reset"] = None
-            warnings.warn("harness: cuCtxResetPersistingL2Cache not found; lines loaded evict_last may stay in L2")
+            warnings.warn(
+                "harness: cuCtxResetPersistingL2Cache not found; lines loaded evict_last may stay in L2", stacklevel=2
+            )
     torch.cuda.synchronize()
     if _cache["cu_reset"] is not None:
         status = _cache["cu_reset"]()
