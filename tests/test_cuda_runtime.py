@@ -462,6 +462,36 @@ def test_backward_of_one_row_on_one_row_group(op, n, dtype, variant, poison):
 
 
 @pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant", "block"),
+    [(2, 1024, torch.bfloat16, "weight", 128), (3, 1024, torch.float16, "residual", 256),
+     (16, 1024, torch.bfloat16, "mixed", 128), (64, 1024, torch.bfloat16, "zero_centered", 128),
+     (8, 2048, torch.float16, "weight", 128), (32, 2048, torch.bfloat16, "residual", 128),
+     (2, 2048, torch.bfloat16, "no_weight", 256), (3, 4096, torch.bfloat16, "weight", 256),
+     (32, 4096, torch.bfloat16, "mixed", 256), (17, 4096, torch.float16, "residual", 256)],
+)  # fmt: skip
+def test_rms_norm_backward_on_few_row_ctas(m, n, dtype, variant, block, poison):
+    """RMSNorm's few 16-bit rows on CTAs sized to them (one row block) or of 128
+    threads (up to 32 row blocks): dx bitwise what 512-thread CTAs give (the same
+    per-row arithmetic), dW within the reference's tolerance and bitwise the same
+    from run to run, contiguous and row-strided, every weight variant."""
+    plan = rtcnorm.explain("rms_norm", (m, n), dtype, device="cuda")["backward"]
+    assert plan["block"] == block and "few 16-bit rows" in plan["reason"], plan
+    results = {}
+    for threads in (0, 512):
+        with _tuning.override(bwd_cta_threads=threads):
+            torch.manual_seed(17)
+            t = make("rms_norm", (m, n), dtype)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[threads] = run("rms_norm", t)
+            if threads == 0:
+                again = run("rms_norm", t)
+                assert all(torch.equal(again[k], v) for k, v in results[0].items())
+                check_contiguous_and_strided("rms_norm", m, n, dtype, variant, None, poison)
+    assert torch.equal(results[0]["y"], results[512]["y"]) and torch.equal(results[0]["dx"], results[512]["dx"])
+    check("rms_norm", results[0], ref("rms_norm", t), m)
+
+
+@pytest.mark.parametrize(
     ("n", "dtype", "variant", "min_row_blocks"),
     [(8192, torch.bfloat16, "weight", 0), (12288, torch.float16, "residual", 2), (1024, torch.bfloat16, "mixed", 7),
      (8192, torch.float32, "zero_centered", 3), (32768, torch.bfloat16, "weight", 3)],

@@ -472,7 +472,8 @@ def test_backward_of_one_row_block_per_cta_loads_gamma_beside_the_row(op, shape,
     if late:
         assert flags & KEEP_TERMS and not flags & STAGED_ROW, plan
     tpr, rows = (int(a) for a in plan["kernel"].split(", ")[4:6])  # <T, W, N, VEC, TPR, ROWS, ...>
-    assert rows == (max(1, 32 // tpr) if shape[0] == 1 else max(1, 512 // tpr)), plan
+    few = "few 16-bit rows" in plan["reason"]  # test_backward_few_row_cta_rule (here, more rows than one CTA holds)
+    assert rows == (max(1, 32 // tpr) if shape[0] == 1 else max(1, (128 if few else 512) // tpr)), plan
     # The override moves gamma on any grid that keeps its terms in registers; only
     # a grid of one row block per CTA also asks for one CTA per SM.
     off, on = _explain_off_on("bwd_gamma_beside_row", op, shape, dtype, device="cpu", sm_count=132, arch="sm_90")
@@ -627,6 +628,42 @@ def test_backward_grid_cap_rule(op, shape, dtype, arch, max_ctas):
     if forced["row_cluster"]:  # each CTA of a row cluster owns row blocks
         ctas = -(-ctas // forced["cluster"])
     assert forced["max_ctas"] == ctas * forced["cluster"], forced
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "block", "row_blocks"),
+    [
+        ("rms_norm", (2, 1024), BF16, 128, 1),  # one row block: a CTA of just its rows
+        ("rms_norm", (3, 1024), BF16, 256, 1),  # rows rounded up to a power of two
+        ("rms_norm", (8, 1024), BF16, 512, 1),
+        ("rms_norm", (2, 4096), BF16, 512, 1),
+        ("rms_norm", (3, 4096), torch.float16, 256, 3),  # up to 32 row blocks of 128 threads or one row
+        ("rms_norm", (16, 1024), BF16, 128, 8),
+        ("rms_norm", (64, 1024), BF16, 128, 32),
+        ("rms_norm", (32, 2048), BF16, 128, 32),
+        ("rms_norm", (32, 4096), BF16, 256, 32),
+        ("rms_norm", (128, 1024), BF16, 512, 16),  # past 32 row blocks: 512 threads
+        ("rms_norm", (64, 2048), BF16, 512, 16),
+        ("rms_norm", (64, 4096), BF16, 512, 32),
+        ("rms_norm", (32, 8192), BF16, 512, 32),  # a 512-thread row: unchanged
+        ("rms_norm", (32, 4096), torch.float32, 512, 16),  # float32 rows: unchanged
+        ("rms_norm", (32, 256), BF16, 1024, 1),  # narrow rows: unchanged
+        ("layer_norm", (32, 4096), BF16, 512, 16),  # LayerNorm: unchanged
+        ("layer_norm", (2, 1024), BF16, 512, 1),
+    ],
+)
+def test_backward_few_row_cta_rule(op, shape, dtype, block, row_blocks):
+    """RMSNorm's few 16-bit register rows get CTAs sized to them: one row block
+    takes a CTA of just its rows, and up to 32 row blocks of 128-thread (or
+    one-row) CTAs replace 512-thread ones; bwd_cta_threads still decides when set."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert (plan["block"], plan["row_blocks"]) == (block, row_blocks), plan
+    assert ("few 16-bit rows" in plan["reason"]) == (block != 512 and shape[1] > 512 and shape[0] > 1), plan
+    assert plan["direct_grads"] == (row_blocks == 1)
+    with _tuning.override(bwd_cta_threads=512):
+        forced = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert forced["block"] == 512 and "few 16-bit rows" not in forced["reason"], forced
 
 
 @pytest.mark.parametrize(

@@ -522,6 +522,27 @@ static bool stage_rule(const NormProblem& p, bool grad_dh) {
 // when a group is narrower than one.
 static int bwd_bundles(int tpr, int rows) { return tpr < 32 ? (tpr * rows) / 32 : rows; }
 
+// RMSNorm grids of a few 16-bit register rows (up to 256 threads a row): CTAs
+// sized to the rows rather than 512 threads. A grid of one row block gets a
+// CTA of just its rows (no idle row groups in its barriers); up to 32 row
+// blocks of 128-thread (or one-row) CTAs put more SMs on the rows, whose extra
+// fp32 partial rows stay few. H100 kernel-only, bf16, persisting L2 lines reset
+// (benchmarks/NOTES.md entry 43), 512 threads -> this rule, us: 2x1024 2.88 ->
+// 2.44, 2x2048 2.95 -> 2.67, 16x1024 4.49 -> 3.98, 32x1024 4.87 -> 3.98, 64x1024
+// 4.66 -> 4.29, 8x2048 4.53 -> 3.78, 32x2048 4.75 -> 4.12, 8x4096 4.88 -> 4.42,
+// 16x4096 5.03 -> 4.64, 32x4096 5.14-5.51 -> 5.06-5.14. Past 32 such row blocks
+// the partial rows cost more than the SMs gain (64x4096 5.67 -> 5.72, 128x4096
+// 6.63 -> 7.05); LayerNorm lost at 32x4096 (6.41 -> 6.76) and keeps 512.
+static int few_row_rms_threads(const NormProblem& p, int tpr, int threads) {
+  constexpr int kFewRowMaxBlocks = 32;
+  constexpr int kFewRowCtaThreads = 128;
+  if (p.kind != kRmsNorm || jit::element_size(p.dtype) != 2 || tpr > 256 || p.rows <= 1) return threads;
+  const int64_t fit = threads / tpr;  // rows a CTA of `threads` holds
+  if (p.rows <= fit) return tpr * static_cast<int>(pow2_ceil(p.rows));
+  const int rows = std::max(1, kFewRowCtaThreads / tpr);
+  return ceil_div(p.rows, rows) <= kFewRowMaxBlocks ? tpr * rows : threads;
+}
+
 static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain,
                                 BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
@@ -546,7 +567,9 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // no idle groups in its barriers and no bundles to combine. H100
   // kernel-only, bf16 (benchmarks/NOTES.md entry 39): RMSNorm 1x4096 2.97 ->
   // 2.45 us, LayerNorm 1x4096 3.71 -> 2.65.
-  const int row_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : 512);
+  const int base_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : 512);
+  const int row_threads = plan.cached && !narrow ? few_row_rms_threads(p, tpr, base_threads) : base_threads;
+  const bool few_row_ctas = row_threads != base_threads && t.bwd_cta_threads == 0;
   const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, row_threads) / tpr) : 1;
   const int nv = plan.cached ? nv_row : std::min(nv_row, nv_target);
   plan.row_blocks = ceil_div(p.rows, rows);
@@ -643,6 +666,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
     why << "row streamed twice, dW partials accumulated in the CTA's own partial row";
   if (keep_terms) why << "; xhat, w*dy and gamma kept as floats between the two passes";
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv;
+  if (few_row_ctas) why << "; few 16-bit rows: CTAs of " << tpr * rows << " threads rather than " << base_threads;
   if (direct)
     why << "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
   else
