@@ -526,13 +526,13 @@ static int bwd_bundles(int tpr, int rows) { return tpr < 32 ? (tpr * rows) / 32 
 // sized to the rows rather than 512 threads. A grid of one row block gets a
 // CTA of just its rows (no idle row groups in its barriers); up to 32 row
 // blocks of 128-thread (or one-row) CTAs put more SMs on the rows, whose extra
-// fp32 partial rows stay few. H100 kernel-only, bf16, persisting L2 lines reset
-// (benchmarks/NOTES.md entry 43), 512 threads -> this rule, us: 2x1024 2.88 ->
-// 2.44, 2x2048 2.95 -> 2.67, 16x1024 4.49 -> 3.98, 32x1024 4.87 -> 3.98, 64x1024
-// 4.66 -> 4.29, 8x2048 4.53 -> 3.78, 32x2048 4.75 -> 4.12, 8x4096 4.88 -> 4.42,
-// 16x4096 5.03 -> 4.64, 32x4096 5.14-5.51 -> 5.06-5.14. Past 32 such row blocks
-// the partial rows cost more than the SMs gain (64x4096 5.67 -> 5.72, 128x4096
-// 6.63 -> 7.05); LayerNorm lost at 32x4096 (6.41 -> 6.76) and keeps 512.
+// fp32 partial rows stay few. H100 kernel-only, bf16, persisting L2 lines reset,
+// median of 3 (benchmarks/NOTES.md entry 43), 512 threads -> this rule, us:
+// 2x1024 2.77 -> 2.48, 16x1024 4.50 -> 3.78, 64x1024 4.60 -> 4.24, 2x2048 2.94 ->
+// 2.69, 8x2048 4.53 -> 3.78, 32x2048 4.63 -> 4.24, 8x4096 4.78 -> 4.44, 16x4096
+// 4.90 -> 4.64, 32x4096 5.15 -> 5.07. Past 32 such row blocks the partial rows
+// cost more than the SMs gain (one-row CTAs: 64x4096 5.67 -> 5.72, 128x4096 6.63
+// -> 7.05); LayerNorm lost at 32x4096 (6.41 -> 6.76) and keeps 512.
 static int few_row_rms_threads(const NormProblem& p, int tpr, int threads) {
   constexpr int kFewRowMaxBlocks = 32;
   constexpr int kFewRowCtaThreads = 128;
