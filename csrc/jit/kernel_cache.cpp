@@ -244,8 +244,8 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
     TORCH_CHECK(d.cuLaunchKernelEx != nullptr && d.cuOccupancyMaxActiveClusters != nullptr, "rtcnorm: kernel ",
                 key.describe(), " needs thread-block clusters, which this CUDA driver (", driver_version_string(),
                 ") does not offer; a CUDA 12 or newer driver does");
-    // Clusters past the portable 8 CTAs (16 on sm_90) must be opted into.
-    if (k.cluster > 8)
+    // Clusters past the portable size (16 on sm_90) must be opted into.
+    if (k.cluster > kMaxPortableCluster)
       check_cu(d.cuFuncSetAttribute(k.fn, kFuncAttrNonPortableClusterSizeAllowed, 1),
                "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
     const ExLaunch one(k.cluster, false, k.cluster, 1, k.threads, 1, dyn_smem, stream);

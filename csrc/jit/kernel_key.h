@@ -18,6 +18,10 @@
 
 namespace rtcnorm::jit {
 
+// CTAs a thread-block cluster may hold without the non-portable opt-in that
+// get_kernel makes for larger ones (sm_90 allows 16 with it).
+constexpr int kMaxPortableCluster = 8;
+
 struct KernelKey;
 
 // A kernel template: which embedded header defines it and how to spell one of

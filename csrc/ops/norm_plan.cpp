@@ -538,7 +538,9 @@ static int few_row_rms_threads(const NormProblem& p, int tpr, int threads) {
   constexpr int kFewRowCtaThreads = 128;
   if (p.kind != kRmsNorm || jit::element_size(p.dtype) != 2 || tpr > 256 || p.rows <= 1) return threads;
   const int64_t fit = threads / tpr;  // rows a CTA of `threads` holds
-  if (p.rows <= fit) return tpr * static_cast<int>(pow2_ceil(p.rows));
+  // (rounded up to a power of two, for fewer kernels, but never past `fit`
+  // where the threads of a row are not a power of two)
+  if (p.rows <= fit) return tpr * static_cast<int>(std::min(fit, pow2_ceil(p.rows)));
   const int rows = std::max(1, kFewRowCtaThreads / tpr);
   return ceil_div(p.rows, rows) <= kFewRowMaxBlocks ? tpr * rows : threads;
 }
@@ -569,8 +571,9 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // 2.45 us, LayerNorm 1x4096 3.71 -> 2.65.
   const int base_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : 512);
   const int row_threads = plan.cached && !narrow ? few_row_rms_threads(p, tpr, base_threads) : base_threads;
-  const bool few_row_ctas = row_threads != base_threads && t.bwd_cta_threads == 0;
   const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, row_threads) / tpr) : 1;
+  const int base_rows = std::max(1, base_threads / tpr);
+  const bool few_row_ctas = plan.cached && t.bwd_cta_threads == 0 && rows != base_rows;
   const int nv = plan.cached ? nv_row : std::min(nv_row, nv_target);
   plan.row_blocks = ceil_div(p.rows, rows);
   const int bundles = bwd_bundles(tpr, rows);
@@ -666,7 +669,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
     why << "row streamed twice, dW partials accumulated in the CTA's own partial row";
   if (keep_terms) why << "; xhat, w*dy and gamma kept as floats between the two passes";
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv;
-  if (few_row_ctas) why << "; few 16-bit rows: CTAs of " << tpr * rows << " threads rather than " << base_threads;
+  if (few_row_ctas) why << "; few 16-bit rows: CTAs of " << tpr * rows << " threads rather than " << tpr * base_rows;
   if (direct)
     why << "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
   else
@@ -695,7 +698,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
 //   1549 -> 1957 GB/s, 1024x65536 1536 -> 1859; LayerNorm 1491 -> 2011,
 //   1446 -> 1815, 4096x16384 1535 -> 2029). Rows of 131072 (slices of
 //   16384) stay split: no cluster plan beat it there.
-constexpr int kMaxCluster = 8;  // the portable cluster size
+constexpr int kMaxCluster = jit::kMaxPortableCluster;
 // Widest slice the rule splits a row down to: the forward's best register
 // rows are 16-32 KB (RMSNorm / LayerNorm 4096x16384 bf16: 96-97% of copy),
 // the backward's 8192 elements (16 per thread at 512 threads).
