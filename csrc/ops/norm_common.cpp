@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <limits>
 
 #include "jit/kernel_cache.h"
@@ -162,6 +163,11 @@ at::ScalarType stat_dtype(const at::Tensor& input) {
 }
 
 at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, like.options()); }
+
+// The kernels read x, its row map and the row counts before their first load;
+// params.cuh keeps them at the head of each block.
+static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 136, "NormFwdParams layout");
+static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 144, "NormBwdParams layout");
 
 int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units) {
   const int64_t cl = k.cluster;

@@ -321,7 +321,12 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   if constexpr (kTerms && !kGammaLate) load_kept_gamma();
 
   int calls = 0;
-  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
+  // Without a row cluster every CTA owns a first row block (gridDim.x <=
+  // row_blocks), so the first row's loads wait on no loop test (see
+  // norm_fwd.cuh); a row cluster's last CTAs may own none.
+  long long rb = cluster;
+  bool more = kRc == 1 || rb < p.row_blocks;
+  while (more) {
     const long long row = rb * ROWS + group;
     const bool row_ok = row < p.rows;
     const long long xoff = row_ok ? row_offset(p.x_map, row) + col0 : 0;
@@ -480,6 +485,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       }
     }
     stage = stage + 1 == kStages ? 0 : stage + 1;
+    rb += clusters;
+    more = rb < p.row_blocks;
   }
 
   cluster_exit<kCl>();

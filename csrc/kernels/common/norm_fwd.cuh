@@ -19,6 +19,7 @@
 // - The loop over row blocks is uniform across the CTA (rows past the end
 //   still take part in the barriers), so a persistent grid (gridDim.x smaller
 //   than row_blocks) and a one-block-per-row-block grid share this code.
+//   gridDim.x / CL <= row_blocks: every CTA has a first row block.
 // - Statistics accumulate in fp32, never as E[x^2] - E[x]^2. LayerNorm uses
 //   per-chunk two-pass moments merged with Chan's formula, or, with
 //   kTwoPassStats (a row one CTA caches in registers), the mean from one row
@@ -262,7 +263,11 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
   int calls = 0;
-  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
+  // Every cluster owns at least one row block (the grid never exceeds
+  // row_blocks), so the first row's loads wait on no loop test: a test of
+  // row_blocks first would put its constant-cache miss before them.
+  long long rb = cluster;
+  do {
     const long long row = rb * ROWS + group;
     const bool row_ok = row < p.rows;
     const long long xoff = row_ok ? row_offset(p.x_map, row) + col0 : 0;
@@ -368,7 +373,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
       }
     }
-  }
+    rb += clusters;
+  } while (rb < p.row_blocks);
   cluster_exit<kCl>();
 }
 

@@ -82,38 +82,43 @@ constexpr int kRowClusterShift = 26;
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
 
 struct NormFwdParams {
+  // What the first row's loads need comes first: a kernel's parameters are
+  // read through the constant cache, and fields read on the way to the first
+  // load that sit in different constant lines miss one after the other
+  // (H100: 2-7% off grids of 1-32 rows, benchmarks/NOTES.md entry 44).
   const void* x;
   RowMap x_map;
-  const void* residual;
-  RowMap residual_map;
+  long long rows;
+  long long row_blocks;  // ceil(rows / ROWS)
   const void* weight;
   const void* bias;
   void* y;      // contiguous rows x N
-  void* h;      // contiguous rows x N, written when kResidual
-  float* mean;  // rows, LayerNorm only (may be null)
   float* rstd;  // rows
-  long long rows;
-  long long row_blocks;  // ceil(rows / ROWS)
+  float* mean;  // rows, LayerNorm only (may be null)
   float eps;
   int pad_;
+  const void* residual;
+  RowMap residual_map;
+  void* h;  // contiguous rows x N, written when kResidual
 };
 
 struct NormBwdParams {
-  const void* dy;  // contiguous rows x N
-  const void* dh;  // contiguous rows x N, read when kGradDh
-  const void* x;   // the normalized input (h when the forward fused a residual)
+  // Ordered as NormFwdParams: the first row's operands first.
+  const void* x;  // the normalized input (h when the forward fused a residual)
   RowMap x_map;
-  const void* weight;
-  const float* mean;  // LayerNorm only
-  const float* rstd;
-  void* dx;          // contiguous rows x N
-  float* partial_w;  // parts x N, when kWantDw (parts: gridDim.x, or gridDim.y when split)
-  float* partial_b;  // parts x N, when kWantDb
-  void* dw;          // N, in the weight dtype: written instead of partial_w when kDirectGrads
-  void* db;          // N, likewise for partial_b
-  float* row_coef;   // rows x 2 (c1, c2): the split backward's per-row coefficients
   long long rows;
   long long row_blocks;
+  const void* dy;  // contiguous rows x N
+  const float* rstd;
+  const void* weight;
+  const float* mean;        // LayerNorm only
+  void* dx;                 // contiguous rows x N
+  float* partial_w;         // parts x N, when kWantDw (parts: gridDim.x, or gridDim.y when split)
+  float* partial_b;         // parts x N, when kWantDb
+  void* dw;                 // N, in the weight dtype: written instead of partial_w when kDirectGrads
+  void* db;                 // N, likewise for partial_b
+  const void* dh;           // contiguous rows x N, read when kGradDh
+  float* row_coef;          // rows x 2 (c1, c2): the split backward's per-row coefficients
   long long rows_per_tile;  // split backward: rows per row tile (gridDim.y tiles)
 };
 
