@@ -321,11 +321,13 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   if constexpr (kTerms && !kGammaLate) load_kept_gamma();
 
   int calls = 0;
-  // Without a row cluster every CTA owns a first row block (gridDim.x <=
-  // row_blocks), so the first row's loads wait on no loop test (see
-  // norm_fwd.cuh); a row cluster's last CTAs may own none.
+  // A lone CTA owns a first row block (gridDim.x <= row_blocks), so its first
+  // row's loads wait on no loop test (see norm_fwd.cuh). A row cluster's last
+  // CTAs may own none. Column-cluster CTAs keep the test: the one H100 run
+  // without it had their backward 1-11% slower (benchmarks/NOTES.md entry 44;
+  // not separated from machine-to-machine variance).
   long long rb = cluster;
-  bool more = kRc == 1 || rb < p.row_blocks;
+  bool more = (kRc == 1 && kCl == 1) || rb < p.row_blocks;
   while (more) {
     const long long row = rb * ROWS + group;
     const bool row_ok = row < p.rows;
