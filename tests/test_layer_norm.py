@@ -278,6 +278,30 @@ def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "auto")
+@pytest.mark.parametrize(
+    ("n", "dtype", "variant"),
+    [(32768, torch.bfloat16, "weight_bias"), (32768, torch.float16, "mixed"), (32768, torch.bfloat16, "zero_centered"),
+     (24576, torch.bfloat16, "weight_bias"), (16384, torch.float32, "weight_bias"), (20480, torch.float16, "bias")],
+)  # fmt: skip
+def test_gpu_wide_rows_in_registers(poison, n, dtype, variant, mode):
+    """LayerNorm rows of up to 64 KB cached by CTAs of more than 256 threads
+    (registers at one CTA per SM, persistent where that leaves fewer than 512
+    threads an SM): float32 or 16-bit gamma and beta, rows around a mean of
+    1000, a grid of a few waves and one of fewer row blocks than SMs,
+    contiguous and row-strided."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = rtcnorm.explain(
+        "layer_norm", (4 * sms + 37, n), dtype, weight_dtype=torch.float32 if variant == "mixed" else None
+    )
+    assert plan["cached_row"] and plan["smem"] == 0 and plan["block"] > 256, plan
+    for rows in (4 * sms + 37, 2 * (sms // 2 - 1) + 1):
+        x, w, b, zcg = ln_inputs((2 * rows, n), [n], dtype, "cuda", variant, shift=1000.0)
+        check_layer_norm(x[::2], [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=10.0)
+        check_layer_norm(x[:rows], [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=10.0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", [None, "multi_wave_reload"], ids=lambda m: m or "auto")
 @pytest.mark.parametrize(("m", "n"), ROW_COUNT_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -196,8 +196,9 @@ def test_explain_without_a_gpu(op, n):
     ("op", "shape", "dtype", "residual", "smem"),
     [
         ("layer_norm", (1024, 65536), torch.bfloat16, False, 131072),  # gamma + beta beside a 64 KB+ row
-        ("layer_norm", (2048, 32768), torch.bfloat16, False, 65536),
-        ("layer_norm", (4096, 8192), torch.float32, False, 32768),  # float32 from 32 KB
+        ("layer_norm", (2048, 32768), torch.bfloat16, False, 0),  # 64 KB in 512 threads: registers
+        ("layer_norm", (4096, 8192), torch.float32, False, 32768),  # float32 32 KB rows of 256 threads
+        ("layer_norm", (4096, 16384), torch.float32, False, 0),  # float32 64 KB rows of 512 threads
         ("layer_norm", (4096, 16384), torch.bfloat16, False, 0),  # 32 KB 16-bit rows stay in registers
         ("rms_norm", (1024, 65536), torch.bfloat16, False, 0),  # gamma alone fits beside the row
         ("rms_norm", (4096, 8192), torch.bfloat16, True, 16384),  # a residual from 16 KB
@@ -221,6 +222,28 @@ def test_explain_long_rows_in_shared_memory(op, shape, dtype, residual, smem):
         assert persistent["smem"] == smem and persistent["persistent"]
     with _tuning.override(fwd_smem_row_bytes=1 << 30):
         assert rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu")["smem"] == 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "wdtype", "minb"),
+    [((2048, 32768), torch.bfloat16, None, 1), ((2048, 32768), torch.float16, torch.float32, 1),
+     ((2048, 24576), torch.bfloat16, None, 1), ((4096, 16384), torch.float32, None, 1),
+     ((4096, 16384), torch.bfloat16, None, 4), ((1024, 65536), torch.bfloat16, None, 1)],
+)  # fmt: skip
+def test_wide_layer_norm_rows_keep_gamma_and_beta_room(shape, dtype, wdtype, minb):
+    """LayerNorm rows of up to 64 KB that CTAs of more than 256 threads cache
+    stay in registers at one CTA per SM (128 registers a thread: two spill),
+    leaving L1 to gamma and beta; rows past 64 KB keep the shared-memory row,
+    and 256-thread CTAs keep their own bounds."""
+    plan = rtcnorm.explain("layer_norm", shape, dtype, weight_dtype=wdtype, device="cpu", arch="sm_90")
+    assert plan["cached_row"] and plan["kernel"].endswith(f", {minb}>"), plan["kernel"]
+    assert (plan["smem"] > 0) == (shape[1] * dtype.itemsize > 64 * 1024)
+    assert plan["cluster"] == 1
+    # RMSNorm (gamma alone) and rows beside a residual keep their own rules.
+    rms = rtcnorm.explain("rms_norm", shape, dtype, weight_dtype=wdtype, device="cpu", arch="sm_90")
+    assert rms["smem"] == 0
+    with_res = rtcnorm.explain("layer_norm", shape, dtype, weight_dtype=wdtype, residual=True, device="cpu")
+    assert with_res["smem"] > 0
 
 
 @pytest.mark.parametrize(

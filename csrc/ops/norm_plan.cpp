@@ -168,12 +168,32 @@ static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_n
 // H100 sweep (benchmarks/NOTES.md, entry 10): a long row kept in registers
 // spills once a residual joins it (RMSNorm + residual at N = 16384: 1455 GB/s
 // from registers, 2776 from shared memory), and LayerNorm's gamma and beta
-// crowd it at 64 KB rows (1024x65536: 1490 -> 1869), or at 32 KB float32 rows
-// (4096x8192: 2047 -> 2658). Elsewhere registers match or beat shared memory
-// (which also takes L1 away from gamma), so the rule keeps them.
-static bool smem_row_rule(const NormProblem& p, int64_t row_bytes) {
+// crowd it past 64 KB rows (1024x65536: 1490 -> 1869), or at 32 KB float32
+// rows in 256-thread CTAs (4096x8192: 2047 -> 2658). Elsewhere registers match
+// or beat shared memory (which also takes L1 away from gamma), so the rule
+// keeps them.
+//
+// LayerNorm rows of up to 64 KB cached by CTAs of more than 256 threads stay
+// in registers at one CTA per SM (wide_ln_row_blocks): a shared-memory row
+// leaves L1 no room for gamma and beta, which then come from L2 for every row
+// (H100 kernel-only, us, entry 45: bf16 2048x32768 120.4 -> 103.0, fp16
+// 117.1 -> 101.7, 128x32768 12.5 -> 9.9; bf16 rows with float32 gamma/beta
+// 155.4 -> 119.9; float32 4096x16384 190.0 -> 182.7, 2048x16384 99.2 -> 94.2).
+static bool smem_row_rule(const NormProblem& p, int64_t row_bytes, int reg_threads) {
   if (p.residual) return row_bytes >= 16 * 1024;
-  return p.has_bias && row_bytes >= (jit::element_size(p.dtype) == 4 ? 32 : 64) * 1024;
+  if (!p.has_bias) return false;
+  if (row_bytes > 64 * 1024) return true;
+  return jit::element_size(p.dtype) == 4 && row_bytes >= 32 * 1024 && reg_threads <= 256;
+}
+
+// Launch-bounds CTAs per SM of a LayerNorm row with bias that a CTA of more
+// than 256 threads caches in registers at more than 64 bytes a thread: one,
+// so that ptxas has 128 registers a thread (H100 kernel-only, entry 45: bf16
+// 2048x32768 at two CTAs per SM spills, 190 us against 103.5 at one; 384
+// threads at 2048x24576 87.0 -> 83.3). 0 where the rule does not apply.
+static int wide_ln_row_blocks(const NormProblem& p, int cta_threads, int thread_bytes) {
+  const bool applies = p.kind == kLayerNorm && p.has_bias && !p.residual && cta_threads > 256 && thread_bytes > 64;
+  return applies ? 1 : 0;
 }
 
 // Vectors per thread per chunk of a shared-memory row: 4 with a residual,
@@ -288,7 +308,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const int smem_tpr = choose_tpr(nvec, smem_vecs);
   const int smem_rows = std::max(1, kCtaThreads / smem_tpr);
   const bool smem_wanted =
-      t.fwd_smem_row_bytes > 0 ? row_bytes >= t.fwd_smem_row_bytes : (!reg_can || smem_row_rule(p, row_bytes));
+      t.fwd_smem_row_bytes > 0 ? row_bytes >= t.fwd_smem_row_bytes : (!reg_can || smem_row_rule(p, row_bytes, reg_tpr));
   const bool smem_fits = !narrow && smem_wanted && smem_rows * row_bytes <= max_smem_per_block(arch);
   const bool fits = smem_fits || reg_can;
   const int tpr = smem_fits ? smem_tpr : reg_tpr;
@@ -339,8 +359,11 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // Rows of 81-128 bytes a thread in 128-thread CTAs (the cases below).
   const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
   const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
+  const int wide_ln_blocks = wide_ln_row_blocks(p, tpr * rows, thread_bytes);
   int reg_blocks = 4;
-  if (!small_grid && !p.residual && thread_bytes <= 80)
+  if (wide_ln_blocks > 0)
+    reg_blocks = wide_ln_blocks;
+  else if (!small_grid && !p.residual && thread_bytes <= 80)
     reg_blocks = 8;
   else if (full_cta_row && esize == 2 && wsize == 2 && one_wave_at_4)
     reg_blocks = 4;
@@ -427,7 +450,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
   // float32 gamma and beta beside a 16-bit row in shared memory want 128
-  // registers (one CTA per SM): 1441 -> 1728 GB/s at LayerNorm 2048x32768.
+  // registers (one CTA per SM): 1441 -> 1728 GB/s at LayerNorm 2048x32768,
+  // a row that entry 45 has since moved to registers.
   const bool wide_affine = in_smem && p.has_bias && jit::element_size(p.wdtype) > esize;
   int min_blocks = in_regs && !narrow ? reg_min_blocks : pick(t.fwd_min_blocks, wide_affine ? 1 : 4);
   if (in_smem) min_blocks = smem_capped_blocks(min_blocks, static_cast<int64_t>(plan.smem), arch);
