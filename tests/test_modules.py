@@ -731,7 +731,8 @@ CACHED_ROW, TWO_PASS_STATS, L1_ALLOCATE = 1 << 4, 1 << 17, 1 << 18
      ("layer_norm", (4096, 16384), BF16, None, 0, True),  # 256 threads a row, 31 row blocks per SM
      ("layer_norm", (4096, 1000), torch.float16, "static_persistent", 0, True),  # uneven vectors
      ("layer_norm", (64, 4097), torch.float32, "multi_wave_cached", 0, True),
-     ("layer_norm", (2048, 32768), BF16, None, 0, False),  # row in shared memory
+     ("layer_norm", (2048, 32768), BF16, None, 0, True),  # 512 threads a row, 16 row blocks per SM
+     ("layer_norm", (1024, 65536), BF16, None, 0, False),  # row in shared memory
      ("layer_norm", (4096, 8192), BF16, "multi_wave_reload", 0, False),  # streamed row
      ("layer_norm", (512, 131072), BF16, None, 0, False),  # cluster slices
      ("layer_norm", (4096, 8192), BF16, None, 2, False),

@@ -20,10 +20,11 @@ MODES = ("static_persistent", "multi_wave_reload", "multi_wave_cached")
 
 Where the row stays: in registers up to 64 bf16/fp16 or 32 fp32 values per
 thread at 1024 threads. In shared memory (``explain(...)["smem"]`` bytes per
-CTA) for rows of 16 KB or more with a residual, LayerNorm rows of 64 KB or more
-(32 KB for fp32) with a bias, and any row too wide for registers that fits the
-CTA's shared memory (227 KB on sm_90/sm_100, 163 KB on sm_80, 99 KB on
-sm_86/sm_89). ``static_persistent`` keeps rows the same way.
+CTA) for rows of 16 KB or more with a residual, LayerNorm rows of more than
+64 KB with a bias (and fp32 ones of 32 KB cached by 256 threads: N = 8192),
+and any row too wide for registers that fits the CTA's shared memory (227 KB
+on sm_90/sm_100, 163 KB on sm_80, 99 KB on sm_86/sm_89). ``static_persistent``
+keeps rows the same way.
 
 Rows that fit neither (e.g. N = 131072 in bf16, 65536 in fp32) are split on
 sm_90 and newer across a thread-block cluster of up to 8 CTAs, each caching
