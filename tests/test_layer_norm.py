@@ -262,12 +262,14 @@ def test_gpu_cached_row_statistics_both_ways(poison, n, dtype, mode, two_pass):
 @pytest.mark.parametrize(
     ("n", "dtype", "variant"),
     [(128, torch.bfloat16, "weight_bias"), (1000, torch.float16, "mixed"), (4096, torch.bfloat16, "zero_centered"),
-     (4097, torch.float32, "bias"), (32768, torch.bfloat16, "weight_bias"), (65536, torch.float32, "no_affine")],
+     (4097, torch.float32, "bias"), (32768, torch.bfloat16, "weight_bias"), (65536, torch.bfloat16, "weight_bias"),
+     (65536, torch.float32, "no_affine")],
 )  # fmt: skip
 def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
     """Forward loads through L1 (kL1Allocate, which the rule takes for inputs of
     40 MB or more) forced on small inputs: every mode, narrow, register,
-    shared-memory, streamed and cluster rows, contiguous and row-strided."""
+    shared-memory (bf16 N = 65536), streamed and cluster rows, contiguous and
+    row-strided."""
     m = 301
     with _tuning.override(fwd_l1_alloc=2):
         plan = rtcnorm.explain("layer_norm", (m, n), dtype, mode=mode)
