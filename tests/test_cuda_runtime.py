@@ -315,6 +315,29 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
 
 
 @pytest.mark.parametrize(
+    ("n", "dtype", "variant"),
+    [(16384, torch.bfloat16, "weight"), (16384, torch.float16, "zero_centered"), (16384, torch.bfloat16, "mixed"),
+     (5120, torch.bfloat16, "weight"), (5120, torch.float16, "mixed"), (4608, torch.bfloat16, "zero_centered")],
+)  # fmt: skip
+def test_rms_norm_backward_deep_ring_and_two_per_sm_prefetch(n, dtype, variant, poison):
+    """RMSNorm backward rules of NOTES entry 46: one-row CTAs alone on their SM
+    stage through a 3-stage ring (N = 16384, 192 KB), and one-row CTAs two per
+    SM with kept terms prefetch their next row (N = 4608 / 5120). Many rows a
+    CTA, a grid of fewer rows than SMs, and row-strided rows match the
+    reference."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m in (6 * sms + 7, sms // 2 + 1):
+        plan = rtcnorm.explain("rms_norm", (m, n), dtype, weight_dtype=torch.float32 if variant == "mixed" else None)
+        bwd = plan["backward"]
+        flags = int(bwd["kernel"].split(", ")[-2].rstrip("u"))  # the kernel key's flags
+        if n == 16384 and torch.cuda.get_device_capability() >= (9, 0):  # 227 KB of shared memory a CTA
+            assert bwd["staged"] and bwd["ring_stages"] == 3 and bwd["smem"] == 3 * 2 * n * 2, bwd
+        elif n != 16384 and m > sms:
+            assert not bwd["staged"] and bwd["keep_terms"] and flags & (1 << 11), bwd  # kPrefetchNext
+        check_contiguous_and_strided("rms_norm", m, n, dtype, variant, None, poison)
+
+
+@pytest.mark.parametrize(
     ("m", "n", "dtype", "variant"),
     [(4097, 1024, torch.bfloat16, "weight"), (300, 8192, torch.bfloat16, "residual"),
      (1000, 4096, torch.float16, "zero_centered"), (257, 8192, torch.float32, "no_weight"),

@@ -365,8 +365,9 @@ def test_backward_keeps_terms_between_passes_where_registers_allow(op, shape, dt
     assert not off["backward"]["keep_terms"]
     assert on["backward"]["keep_terms"] == plan["cached_row"]
     for other in (off, on):
-        # (gamma beside the row goes with the kept terms)
-        mask = ~(KEEP_TERMS | GAMMA_BESIDE_ROW)
+        # (gamma beside the row goes with the kept terms, and so does the
+        # next-row prefetch of RMSNorm's one-row CTAs two per SM)
+        mask = ~(KEEP_TERMS | GAMMA_BESIDE_ROW | PREFETCH_NEXT)
         assert kernel_flags(other["backward"]["kernel"]) & mask == kernel_flags(plan["kernel"]) & mask
         assert other["backward"]["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
         assert (other["backward"]["block"], other["backward"]["smem"]) == (plan["block"], plan["smem"])
@@ -388,6 +389,29 @@ def test_backward_ring_depth_override(op, stages):
         assert (kernel_flags(plan["kernel"]) >> RING_EXTRA_SHIFT) & 3 == stages - 2
         wide = rtcnorm.explain(op, (4096, 16384), BF16, **kw)["backward"]
         assert wide["staged"] == (stages * 4096 * 2 * 2 * 4 <= 227 * 1024) or wide["cluster"] > 1, wide
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "arch", "stages", "prefetch"),
+    [("rms_norm", (4096, 16384), "sm_90", 3, False),  # one 128 KB two-stage CTA an SM: three stages
+     ("rms_norm", (4096, 16384), "sm_80", 2, False),  # three (192 KB) exceed sm_80's 163 KB
+     ("rms_norm", (4096, 8192), "sm_90", 2, False),  # two CTAs an SM
+     ("layer_norm", (4096, 16384), "sm_90", 2, False),  # column-cluster slices of four rows
+     ("rms_norm", (16384, 5120), "sm_90", 0, True),  # two 320-thread CTAs an SM, terms kept
+     ("layer_norm", (16384, 5120), "sm_90", 0, False),  # no kept terms at two an SM
+     ("rms_norm", (1, 5120), "sm_90", 0, False)],  # one row block: nothing to prefetch
+)  # fmt: skip
+def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stages, prefetch):
+    """NOTES entry 46: a one-row CTA whose two-stage ring keeps any second CTA
+    off its SM stages through three; one-row 16-bit RMSNorm CTAs two per SM
+    with kept terms prefetch their next row. Overrides still decide."""
+    kw = dict(device="cpu", sm_count=132, arch=arch)
+    plan = rtcnorm.explain(op, shape, BF16, **kw)["backward"]
+    assert plan["ring_stages"] == stages and plan["staged"] == (stages > 0), plan
+    assert bool(kernel_flags(plan["kernel"]) & PREFETCH_NEXT) == prefetch, plan
+    with _tuning.override(bwd_ring_stages=2, bwd_hints=1):
+        forced = rtcnorm.explain(op, shape, BF16, **kw)["backward"]
+        assert forced["ring_stages"] == (2 if stages else 0) and not kernel_flags(forced["kernel"]) & PREFETCH_NEXT
 
 
 # kPrefetchAffine in the kernel key's flags (csrc/kernels/common/params.cuh).
@@ -576,15 +600,16 @@ def test_a_forced_row_cluster_of_every_row_block_writes_the_gradients(m, forced,
 @pytest.mark.parametrize(
     ("op", "n", "dtype", "prefetch"),
     [("layer_norm", 7168, BF16, "staged"), ("layer_norm", 6144, BF16, True), ("layer_norm", 4096, BF16, True),
-     ("layer_norm", 5120, BF16, False), ("rms_norm", 7168, BF16, "staged"), ("rms_norm", 5120, BF16, False),
+     ("layer_norm", 5120, BF16, False), ("rms_norm", 7168, BF16, "staged"), ("rms_norm", 5120, BF16, True),
      ("layer_norm", 7168, torch.float32, True), ("rms_norm", 8192, BF16, "staged"), ("layer_norm", 3072, BF16, True),
      ("layer_norm", 2560, BF16, False), ("rms_norm", 8192, torch.float32, True), ("rms_norm", 4096, BF16, True)],
 )  # fmt: skip
 def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, prefetch):
-    """The grid-stride backward asks L2 for its next row block in 512-thread CTAs
-    and in lone CTAs of one or two rows under 512 threads, never in two CTAs per
-    SM of 320-448 threads, whose registers are already tight, nor in LayerNorm's
-    three-row CTAs at N = 2560, where it measured 12% slower. 16-bit rows of
+    """The grid-stride backward asks L2 for its next row block in 512-thread CTAs,
+    in lone CTAs of one or two rows under 512 threads and in 16-bit RMSNorm
+    one-row CTAs two per SM with kept terms (N = 5120), never in LayerNorm's two
+    CTAs per SM of 320-448 threads, whose registers are already tight, nor in
+    its three-row CTAs at N = 2560, where it measured 12% slower. 16-bit rows of
     7168+ elements are staged through shared memory instead, the next row's
     copies already in flight."""
     plan = rtcnorm.explain(op, (16384, n), dtype, device="cpu")["backward"]

@@ -643,14 +643,32 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // Evict-first stores help wide rows and narrow LayerNorm rows.
   const bool lone_cta = threads < 512 && min_blocks == 1 && rows <= 2;
   // The staging ring (kStagedRow): S stages of the CTA's rows of x, dy and
-  // dh, in 16-byte vectors; it must fit the CTA's shared memory.
+  // dh, in 16-byte vectors; it must fit the CTA's shared memory. Two stages,
+  // but three for a one-row CTA whose two-stage ring leaves no room for a
+  // second CTA on the SM: that CTA alone keeps the SM's rows in flight, one
+  // row's copies beside the row it works on with two stages, two with three
+  // (H100, bf16 RMSNorm 4096x16384, 128 KB -> 192 KB: 181.8 -> 160.5 us).
+  // Rings of two CTAs per SM (64 KB: 4096x8192, 16384x8192, 16384x7168,
+  // 256x8192) and column-cluster slices of 2-4 rows (2048x32768, 1024x65536,
+  // LayerNorm 4096x16384) lost 0-10% with three (benchmarks/NOTES.md entry 46).
   const int esize = jit::element_size(p.dtype);
-  const int ring_stages = std::max(2, pick(t.bwd_ring_stages, 2));
-  const int64_t ring = ring_stages * int64_t(rows) * p.hidden * esize * (grad_dh ? 3 : 2);
-  const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= max_smem_per_block(arch) &&
+  const int64_t ring_stage_bytes = int64_t(rows) * p.hidden * esize * (grad_dh ? 3 : 2);
+  const int64_t smem_cap = max_smem_per_block(arch);
+  const bool deep_ring = rows == 1 && !grad_dh && 4 * ring_stage_bytes > smem_cap && 3 * ring_stage_bytes <= smem_cap;
+  const int ring_stages = std::max(2, pick(t.bwd_ring_stages, deep_ring ? 3 : 2));
+  const int64_t ring = ring_stages * ring_stage_bytes;
+  const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= smem_cap &&
                       pick(t.bwd_stage, hint.staged || stage_rule(p, grad_dh) ? 2 : 1) == 2;
   if (staged) plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(ring));
-  const bool prefetch_next = plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta);
+  // One-row 16-bit RMSNorm CTAs of under 512 threads, two per SM with their
+  // terms kept (N = 5120: 320 threads), take the next-row prefetch too: H100 bf16
+  // 16384x5120 184.3 -> 178.5 us, 32768x5120 359.7 -> 351.7. LayerNorm's
+  // there (no kept terms at two per SM) lost 64% (entry 46).
+  const bool rms_two_kept = p.kind == kRmsNorm && esize == 2 && !grad_dh && !few_row_ctas && plan.row_blocks > 1 &&
+                            !staged && rows == 1 && threads < 512 && min_blocks == 2 && terms_fit_at(2) &&
+                            pick(t.bwd_keep_terms, 2) == 2;
+  const bool prefetch_next =
+      plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta || rms_two_kept);
   // A ring allows no more CTAs per SM than fit its shared memory.
   const int blocks = staged ? smem_capped_blocks(min_blocks, ring, arch) : min_blocks;
   // Terms kept as floats between the passes (kKeepTerms): xhat, w * dy and
