@@ -399,12 +399,14 @@ def test_backward_ring_depth_override(op, stages):
      ("layer_norm", (4096, 16384), "sm_90", 2, False),  # column-cluster slices of four rows
      ("rms_norm", (16384, 5120), "sm_90", 0, True),  # two 320-thread CTAs an SM, terms kept
      ("layer_norm", (16384, 5120), "sm_90", 0, False),  # no kept terms at two an SM
-     ("rms_norm", (1, 5120), "sm_90", 0, False)],  # one row block: nothing to prefetch
+     ("rms_norm", (256, 5120), "sm_90", 0, False),  # two row blocks a CTA: nothing to fetch ahead
+     ("rms_norm", (256, 16384), "sm_90", 2, False)],
 )  # fmt: skip
 def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stages, prefetch):
     """NOTES entry 46: a one-row CTA whose two-stage ring keeps any second CTA
     off its SM stages through three; one-row 16-bit RMSNorm CTAs two per SM
-    with kept terms prefetch their next row. Overrides still decide."""
+    with kept terms prefetch their next row; both only in grids of more than
+    4 row blocks per SM. Overrides still decide."""
     kw = dict(device="cpu", sm_count=132, arch=arch)
     plan = rtcnorm.explain(op, shape, BF16, **kw)["backward"]
     assert plan["ring_stages"] == stages and plan["staged"] == (stages > 0), plan

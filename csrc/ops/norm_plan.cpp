@@ -569,8 +569,12 @@ static int few_row_rms_threads(const NormProblem& p, int tpr, int threads) {
   return ceil_div(p.rows, rows) <= kFewRowMaxBlocks ? tpr * rows : threads;
 }
 
-static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch, bool explain,
-                                BwdCtaHint hint = {}) {
+// Row blocks per SM past which a persistent backward CTA walks enough rows
+// for a deeper pipeline (a third ring stage, the next-row prefetch) to pay.
+constexpr int kDeepPipeRowBlocksPerSm = 4;
+
+static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
+                                bool explain, BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
   const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
@@ -651,10 +655,16 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // Rings of two CTAs per SM (64 KB: 4096x8192, 16384x8192, 16384x7168,
   // 256x8192) and column-cluster slices of 2-4 rows (2048x32768, 1024x65536,
   // LayerNorm 4096x16384) lost 0-10% with three (benchmarks/NOTES.md entry 46).
+  // Both this and the prefetch rule below take grids of several row blocks a
+  // CTA (more than kDeepPipeRowBlocksPerSm per SM): with one or two a CTA the
+  // deeper pipeline has nothing to fetch ahead (256x16384 22.4 -> 22.7 us,
+  // 256x5120 10.6 -> 11.0).
   const int esize = jit::element_size(p.dtype);
   const int64_t ring_stage_bytes = int64_t(rows) * p.hidden * esize * (grad_dh ? 3 : 2);
   const int64_t smem_cap = max_smem_per_block(arch);
-  const bool deep_ring = rows == 1 && !grad_dh && 4 * ring_stage_bytes > smem_cap && 3 * ring_stage_bytes <= smem_cap;
+  const bool many_row_blocks = plan.row_blocks > int64_t(kDeepPipeRowBlocksPerSm) * sm_count;
+  const bool deep_ring =
+      rows == 1 && !grad_dh && many_row_blocks && 4 * ring_stage_bytes > smem_cap && 3 * ring_stage_bytes <= smem_cap;
   const int ring_stages = std::max(2, pick(t.bwd_ring_stages, deep_ring ? 3 : 2));
   const int64_t ring = ring_stages * ring_stage_bytes;
   const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= smem_cap &&
@@ -664,7 +674,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // terms kept (N = 5120: 320 threads), take the next-row prefetch too: H100 bf16
   // 16384x5120 184.3 -> 178.5 us, 32768x5120 359.7 -> 351.7. LayerNorm's
   // there (no kept terms at two per SM) lost 64% (entry 46).
-  const bool rms_two_kept = p.kind == kRmsNorm && esize == 2 && !grad_dh && !few_row_ctas && plan.row_blocks > 1 &&
+  const bool rms_two_kept = p.kind == kRmsNorm && esize == 2 && !grad_dh && !few_row_ctas && many_row_blocks &&
                             !staged && rows == 1 && threads < 512 && min_blocks == 2 && terms_fit_at(2) &&
                             pick(t.bwd_keep_terms, 2) == 2;
   const bool prefetch_next =
@@ -844,10 +854,10 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   return with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain);
 }
 
-static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch,
-                                   bool explain) {
+static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
+                                   int arch, bool explain) {
   const int forced = norm_tuning().bwd_cluster;
-  NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, arch, explain);
+  NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, sm_count, arch, explain);
   // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
   // past 8192) become staged slices.
   const int esize = jit::element_size(p.dtype);
@@ -860,7 +870,7 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
   const BwdCtaHint hint = wide16 ? BwdCtaHint{kBwd16CacheElems, true} : BwdCtaHint{};
-  const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, arch, explain, hint);
+  const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
   return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
 
@@ -964,8 +974,8 @@ int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) {
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain) {
   NormBwdPlan plan = with_row_cluster_rule(
-      with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, arch, explain), sm_count, explain), sm_count, arch,
-      explain);
+      with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, sm_count, arch, explain), sm_count, explain),
+      sm_count, arch, explain);
   const int forced = norm_tuning().bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;
