@@ -10,6 +10,15 @@ import pytest
 import torch
 from reference import assert_close, ref_layer_norm, ref_rms_norm, rows_of, stat_dtype
 
+# kPrefetchNext in a kernel key's flags (csrc/kernels/common/params.cuh).
+PREFETCH_NEXT = 1 << 11
+
+
+def kernel_flags(kernel: str) -> int:
+    """The flags of a kernel instantiation as explain() names it."""
+    return int(kernel.split(", ")[-2].rstrip("u"))
+
+
 # Row lengths of the GPU tests: narrow, odd, model sizes, 1024-thread and streamed rows.
 GPU_N = (1, 7, 127, 128, 1000, 3584, 4096, 4097, 5120, 7168, 65536, 262144)
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import rtcnorm
 import torch
-from norm_checks import check_layer_norm, check_rms_norm, ln_inputs, rms_inputs
+from norm_checks import PREFETCH_NEXT, check_layer_norm, check_rms_norm, kernel_flags, ln_inputs, rms_inputs
 from reference import assert_close, ref_layer_norm, ref_rms_norm
 from rtcnorm import _tuning
 
@@ -330,13 +330,14 @@ def test_rms_norm_backward_deep_ring_and_two_per_sm_prefetch(n, dtype, variant, 
     for m in (6 * sms + 7, sms // 2 + 1):
         plan = rtcnorm.explain("rms_norm", (m, n), dtype, weight_dtype=torch.float32 if variant == "mixed" else None)
         bwd = plan["backward"]
-        flags = int(bwd["kernel"].split(", ")[-2].rstrip("u"))  # the kernel key's flags
         many = m > 4 * sms  # several row blocks a CTA: the rules' domain
         if n == 16384 and torch.cuda.get_device_capability() >= (9, 0):  # 227 KB of shared memory a CTA
             stages = 3 if many else 2
             assert bwd["staged"] and bwd["ring_stages"] == stages and bwd["smem"] == stages * 2 * n * 2, bwd
         elif n != 16384:
-            assert not bwd["staged"] and bwd["keep_terms"] and bool(flags & (1 << 11)) == many, bwd  # kPrefetchNext
+            assert (
+                not bwd["staged"] and bwd["keep_terms"] and bool(kernel_flags(bwd["kernel"]) & PREFETCH_NEXT) == many
+            ), bwd
         check_contiguous_and_strided("rms_norm", m, n, dtype, variant, None, poison)
 
 

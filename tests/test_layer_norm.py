@@ -299,8 +299,8 @@ def test_gpu_wide_rows_in_registers(poison, n, dtype, variant, mode):
         "layer_norm", (4 * sms + 37, n), dtype, weight_dtype=torch.float32 if variant == "mixed" else None
     )
     assert plan["cached_row"] and plan["smem"] == 0 and plan["block"] > 256, plan
+    shift = 1000.0 if dtype != torch.float32 and variant != "mixed" else 0.0
     for rows in (4 * sms + 37, 2 * (sms // 2 - 1) + 1):
-        shift = 1000.0 if dtype != torch.float32 and variant != "mixed" else 0.0
         x, w, b, zcg = ln_inputs((2 * rows, n), [n], dtype, "cuda", variant, shift=shift)
         check_layer_norm(x[::2], [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=10.0)
         check_layer_norm(x[:rows], [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=10.0)

@@ -9,7 +9,7 @@ import pytest
 import rtcnorm
 import torch
 import torch.autograd.forward_ad as fwad
-from norm_checks import randn
+from norm_checks import PREFETCH_NEXT, kernel_flags, randn
 from reference import assert_close
 from rtcnorm import _tuning
 
@@ -416,18 +416,11 @@ def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stage
         assert forced["ring_stages"] == (2 if stages else 0) and not kernel_flags(forced["kernel"]) & PREFETCH_NEXT
 
 
-# kPrefetchAffine in the kernel key's flags (csrc/kernels/common/params.cuh).
+# Kernel key flags (csrc/kernels/common/params.cuh; PREFETCH_NEXT is in norm_checks).
 PREFETCH_AFFINE = 1 << 13
-PREFETCH_NEXT = 1 << 11
 STAGED_ROW = 1 << 16
 RING_EXTRA_SHIFT = 19
 KEEP_TERMS = 1 << 22
-
-
-def kernel_flags(kernel: str) -> int:
-    return int(kernel.split(", ")[-2].rstrip("u"))
-
-
 DIRECT_GRADS = 1 << 23
 PRELOAD_AFFINE = 1 << 24
 GAMMA_BESIDE_ROW = 1 << 25

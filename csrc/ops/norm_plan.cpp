@@ -174,7 +174,7 @@ static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_n
 // keeps them.
 //
 // LayerNorm rows of up to 64 KB cached by CTAs of more than 256 threads stay
-// in registers at one CTA per SM (wide_ln_row_blocks): a shared-memory row
+// in registers at one CTA per SM (wide_ln_row): a shared-memory row
 // leaves L1 no room for gamma and beta, which then come from L2 for every row
 // (H100 kernel-only, us, entry 45: bf16 2048x32768 120.4 -> 103.0, fp16
 // 117.1 -> 101.7, 128x32768 12.5 -> 9.9; bf16 rows with float32 gamma/beta
@@ -186,14 +186,13 @@ static bool smem_row_rule(const NormProblem& p, int64_t row_bytes, int reg_threa
   return jit::element_size(p.dtype) == 4 && row_bytes >= 32 * 1024 && reg_threads <= 256;
 }
 
-// Launch-bounds CTAs per SM of a LayerNorm row with bias that a CTA of more
-// than 256 threads caches in registers at more than 64 bytes a thread: one,
-// so that ptxas has 128 registers a thread (H100 kernel-only, entry 45: bf16
-// 2048x32768 at two CTAs per SM spills, 190 us against 103.5 at one; 384
-// threads at 2048x24576 87.0 -> 83.3). 0 where the rule does not apply.
-static int wide_ln_row_blocks(const NormProblem& p, int cta_threads, int thread_bytes) {
-  const bool applies = p.kind == kLayerNorm && p.has_bias && !p.residual && cta_threads > 256 && thread_bytes > 64;
-  return applies ? 1 : 0;
+// A LayerNorm row with bias that a CTA of more than 256 threads caches in
+// registers at more than 64 bytes a thread: its launch bounds take one CTA
+// per SM, so that ptxas has 128 registers a thread (H100 kernel-only, entry
+// 45: bf16 2048x32768 at two CTAs per SM spills, 190 us against 103.5 at one;
+// 384 threads at 2048x24576 87.0 -> 83.3).
+static bool wide_ln_row(const NormProblem& p, int cta_threads, int thread_bytes) {
+  return p.kind == kLayerNorm && p.has_bias && !p.residual && cta_threads > 256 && thread_bytes > 64;
 }
 
 // Vectors per thread per chunk of a shared-memory row: 4 with a residual,
@@ -359,10 +358,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // Rows of 81-128 bytes a thread in 128-thread CTAs (the cases below).
   const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
   const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
-  const int wide_ln_blocks = wide_ln_row_blocks(p, tpr * rows, thread_bytes);
   int reg_blocks = 4;
-  if (wide_ln_blocks > 0)
-    reg_blocks = wide_ln_blocks;
+  if (wide_ln_row(p, tpr * rows, thread_bytes))
+    reg_blocks = 1;
   else if (!small_grid && !p.residual && thread_bytes <= 80)
     reg_blocks = 8;
   else if (full_cta_row && esize == 2 && wsize == 2 && one_wave_at_4)
@@ -670,15 +668,6 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= smem_cap &&
                       pick(t.bwd_stage, hint.staged || stage_rule(p, grad_dh) ? 2 : 1) == 2;
   if (staged) plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(ring));
-  // One-row 16-bit RMSNorm CTAs of under 512 threads, two per SM with their
-  // terms kept (N = 5120: 320 threads), take the next-row prefetch too: H100 bf16
-  // 16384x5120 184.3 -> 178.5 us, 32768x5120 359.7 -> 351.7. LayerNorm's
-  // there (no kept terms at two per SM) lost 64% (entry 46).
-  const bool rms_two_kept = p.kind == kRmsNorm && esize == 2 && !grad_dh && !few_row_ctas && many_row_blocks &&
-                            !staged && rows == 1 && threads < 512 && min_blocks == 2 && terms_fit_at(2) &&
-                            pick(t.bwd_keep_terms, 2) == 2;
-  const bool prefetch_next =
-      plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta || rms_two_kept);
   // A ring allows no more CTAs per SM than fit its shared memory.
   const int blocks = staged ? smem_capped_blocks(min_blocks, ring, arch) : min_blocks;
   // Terms kept as floats between the passes (kKeepTerms): xhat, w * dy and
@@ -696,6 +685,14 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // N = 64..131072 on sm_90); narrow rows (8 elements) moved -1.2% to +1.6%,
   // so they keep the two reads too.
   const bool keep_terms = plan.cached && pick(t.bwd_keep_terms, terms_fit_at(blocks) ? 2 : 1) == 2;
+  // One-row 16-bit RMSNorm CTAs of under 512 threads, two per SM with their
+  // terms kept (N = 5120: 320 threads), take the next-row prefetch too: H100 bf16
+  // 16384x5120 184.3 -> 178.5 us, 32768x5120 359.7 -> 351.7. LayerNorm's
+  // there (no kept terms at two per SM) lost 64% (entry 46).
+  const bool rms_two_kept = p.kind == kRmsNorm && esize == 2 && !grad_dh && !few_row_ctas && many_row_blocks &&
+                            !staged && rows == 1 && threads < 512 && blocks == 2 && keep_terms;
+  const bool prefetch_next =
+      plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta || rms_two_kept);
   // One row block: the lone CTA's (or cluster's) column sums are dW / dB
   // themselves, written in the weight dtype, and no column reduce runs
   // (kDirectGrads). H100 graph replay, bf16 (benchmarks/NOTES.md entry 37):
