@@ -229,8 +229,10 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
 }
 
 py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch,
-                         int64_t mask_bcast) {
+                         int64_t mask_bcast, int sm_count) {
+  if (sm_count < 1) throw py::value_error("rtcnorm.softmax.explain: sm_count must be at least 1");
   SoftmaxProblem p;
+  p.sm_count = sm_count;
   p.mask_bcast = mask_bcast > 1;
   p.bcast = std::max<int64_t>(1, mask_bcast);
   p.dtype = parse_dtype(dtype);
@@ -301,7 +303,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("explain_softmax", &explain_softmax, py::arg("op"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
-        py::arg("arch"), py::arg("mask_bcast") = false);
+        py::arg("arch"), py::arg("mask_bcast") = false, py::arg("sm_count") = 132);
   m.def("_softmax_tuning", [] {
     py::dict d;
     for (int i = 0; i < kNumSoftmaxTunables; ++i)

@@ -118,6 +118,26 @@ def test_gpu_mask_reuse(shape, mask_shape, reuse_run):
         assert torch.equal(torch.ops.rtcnorm.scaled_masked_softmax(x, m, 0.37), y)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("sk", [100, 1024, 8192, 20000])  # warp rows, CTA rows, 1024-thread rows, streamed rows
+def test_gpu_l1_path_changes_no_bits(op, sk):
+    """Loads through L1 (inputs of 40 MB or more) or around it: the same
+    output and gradient, bit for bit, both held to the reference."""
+    shape = default_shape(op, sk)
+    x = random_input(shape, torch.bfloat16, "cuda", seed=sk + 3)
+    mask = random_mask((shape[0], 1, shape[2], sk), "cuda", seed=sk) if op == "scaled_masked_softmax" else None
+    dy = random_input(shape, torch.bfloat16, "cuda", seed=sk + 4)
+    causal = op in CAUSAL_OPS
+    out = {}
+    for l1 in (1, 2):
+        with _tuning.softmax_override(fwd_l1_alloc=l1, bwd_l1_alloc=l1):
+            plan = rtcnorm.softmax.explain(op, shape, torch.bfloat16)
+            assert ("through L1" in plan["forward"]["reason"] + plan["backward"]["reason"]) == (l1 == 2)
+            y = check_op(op, x, mask)
+            out[l1] = (y, torch.ops.rtcnorm.scaled_softmax_backward(dy, y, 0.37, causal))
+    assert torch.equal(out[1][0], out[2][0]) and torch.equal(out[1][1], out[2][1])
+
+
 def test_gpu_mask_layouts():
     x = random_input((2, 3, 5, 64), torch.float16, "cuda", seed=14)
     m = random_mask((2, 1, 64, 5), "cuda", seed=14).transpose(-1, -2)  # keys not contiguous

@@ -65,48 +65,48 @@ def test_invalid_values_name_the_field(values, exc, match):
 def test_default_plans():
     shape = (4, 32, 1024, 4096)
     f = rtcnorm.softmax.explain(MASKED, shape, torch.bfloat16, mask_shape=shape)["forward"]
-    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 2, 4, 1, true, 4, 0u>"
+    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 2, 4, 1, true, 4, 32u>"
     assert not f["persistent"] and f["grid"] == 4 * 32 * 1024 // 2
     # A mask broadcast over heads, rows of >= 2048 keys: a CTA per row, and each
     # mask row read once for a run of 4 heads (8 runs of the 32 heads).
     f = plan(shape)["forward"]
-    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 1, 4, 1, true, 8, 12u>"
+    assert f["kernel"] == "rtcnorm::softmax_fwd<rtcnorm::bf16, 8, 128, 1, 4, 1, true, 8, 44u>"
     assert not f["persistent"] and f["grid"] == 4 * 1024 * 8
     assert "run of 4 rows sharing it (8 runs per mask row)" in f["reason"]
     f = plan((4, 32, 1024, 2048))["forward"]  # 8 rows per CTA: 512 mask row blocks x 8 runs
-    assert f["kernel"].endswith(", 8, 1, true, 4, 12u>") and f["grid"] == 512 * 8
+    assert f["kernel"].endswith(", 8, 1, true, 4, 44u>") and f["grid"] == 512 * 8
     # Runs of 2 where 4 would leave fewer than 2048 row blocks.
     assert plan((1, 32, 128, 8192))["forward"]["grid"] == 128 * 16
-    assert plan((4, 32, 1024, 1024))["forward"]["kernel"].endswith(", 0u>")  # shorter rows: unchanged
+    assert plan((4, 32, 1024, 1024))["forward"]["kernel"].endswith(", 32u>")  # shorter rows: unchanged
     # Too few rows for runs that still leave 8192 row blocks: heads back to back only.
-    assert plan((1, 32, 32, 8192))["forward"]["kernel"].endswith(", 4u>")
+    assert plan((1, 32, 32, 8192))["forward"]["kernel"].endswith(", 4u>")  # 16 MB: loads around L1
 
 
 def test_overrides_reach_the_key():
     base = plan()
     with _tuning.softmax_override(fwd_resident_threads=512):
-        assert plan()["forward"]["kernel"].endswith("true, 4, 12u>")
+        assert plan()["forward"]["kernel"].endswith("true, 4, 44u>")
     with _tuning.softmax_override(fwd_persistent=2, fwd_prefetch=2, mask_order=2, ctas_per_sm=3, mask_reuse=1):
         f = plan()["forward"]
         assert f["persistent"] and f["grid"] == "SMs x min(occupancy, 3)"
-        assert f["kernel"].endswith(", 6u>") and "prefetched" in f["reason"] and "mask row" in f["reason"]
+        assert f["kernel"].endswith(", 38u>") and "prefetched" in f["reason"] and "mask row" in f["reason"]
     with _tuning.softmax_override(fwd_persistent=2, fwd_prefetch=2):
-        assert plan()["forward"]["kernel"].endswith(", 12u>")  # mask reuse takes no prefetch
+        assert plan()["forward"]["kernel"].endswith(", 44u>")  # mask reuse takes no prefetch
     with _tuning.softmax_override(reuse_run=5):
         f = plan()["forward"]
         assert f["grid"] == 4 * 1024 * 7 and "run of 5 rows sharing it (7 runs per mask row)" in f["reason"]
         f = plan((4, 32, 1024, 1024))["forward"]  # an override turns reuse on for any length
-        assert f["kernel"].endswith(", 12u>") and f["grid"] == 4 * 1024 // 8 * 7
+        assert f["kernel"].endswith(", 44u>") and f["grid"] == 4 * 1024 // 8 * 7
     full = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096))["forward"]
     with _tuning.softmax_override(fwd_prefetch=2, mask_order=2):
         f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096))["forward"]
         assert f["kernel"] == full["kernel"]  # no persistent grid, no broadcast mask: no-ops
     with _tuning.softmax_override(fwd_target_regs=32, keep_exp_elems=64):
         f = plan()["forward"]
-        assert f["vecs_per_thread"] == 8 and f["kernel"].endswith(", 13u>")  # keep-exp, mask reuse
+        assert f["vecs_per_thread"] == 8 and f["kernel"].endswith(", 45u>")  # keep-exp, mask reuse
     with _tuning.softmax_override(bwd_persistent=2, bwd_prefetch=2, bwd_cta_threads=512):
         b = plan()["backward"]
-        assert b["persistent"] and b["kernel"].endswith(", 2u>")
+        assert b["persistent"] and b["kernel"].endswith(", 34u>")
     with _tuning.softmax_override(cache_threads=64, stream_regs=16, stream_threads=256):
         f = plan()["forward"]
         assert not f["cached_row"] and f["threads_per_row"] == 256 and f["vecs_per_thread"] == 4
@@ -120,9 +120,9 @@ def test_overrides_reach_the_key():
 def test_mask_order_needs_a_broadcast_over_rows(mask_shape, expected):
     with _tuning.softmax_override(mask_order=2, mask_reuse=1):
         f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096), mask_shape=mask_shape)["forward"]
-    assert f["kernel"].endswith(", 4u>") == expected
+    assert f["kernel"].endswith(", 36u>") == expected
     f = rtcnorm.softmax.explain(MASKED, (4, 32, 1024, 4096), mask_shape=mask_shape)["forward"]
-    assert f["kernel"].endswith(", 12u>") == expected  # and so does mask reuse
+    assert f["kernel"].endswith(", 44u>") == expected  # and so does mask reuse
 
 
 def test_tuned_variants_compile():
@@ -140,9 +140,9 @@ def test_tuned_variants_compile():
             "scaled_aligned_causal_masked_softmax", hidden_sizes=[1000], dtypes=[torch.float16], archs=("sm_90",)
         )
     kernels = {line.rsplit(" ", 2)[0] for line in lines}
-    assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 7u>") for k in kernels), kernels
-    assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 13u>") for k in kernels), kernels
-    assert any(k.startswith("rtcnorm::softmax_bwd") and k.endswith(", 2u>") for k in kernels), kernels
+    assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 39u>") for k in kernels), kernels
+    assert any(k.startswith("rtcnorm::softmax_fwd") and k.endswith(", 45u>") for k in kernels), kernels
+    assert any(k.startswith("rtcnorm::softmax_bwd") and k.endswith(", 34u>") for k in kernels), kernels
 
 
 def _bwd(sk: int, dtype=torch.bfloat16, op: str = "scaled_softmax") -> dict:
@@ -165,7 +165,8 @@ def test_backward_plans(sk, dtype, tpr, nv, rows):
     b = _bwd(sk, dtype)
     assert (b["threads_per_row"], b["vecs_per_thread"], b["rows_per_cta"]) == (tpr, nv, rows), b
     assert b["cached_row"] and not b["persistent"]
-    assert b["kernel"].endswith(f", {max(1, 1024 // (tpr * rows))}, 0u>"), b  # 64 registers
+    l1 = 32 if 4 * 32 * sk * sk * dtype.itemsize >= 40 << 20 else 0  # inputs of 40 MB+: loads through L1
+    assert b["kernel"].endswith(f", {max(1, 1024 // (tpr * rows))}, {l1}u>"), b  # 64 registers
     assert _bwd(sk, dtype, MASKED)["kernel"] == b["kernel"]  # the backward never sees the mask
 
 
@@ -190,5 +191,50 @@ def test_stream_store_reaches_the_key_and_compiles():
     for kind in ("fwd", "bwd"):
         for cached in ("true", "false"):
             found = [k for k in kernels if k.startswith(f"rtcnorm::softmax_{kind}") and f" {cached}, " in k]
-            assert found and all(k.endswith("16u>") for k in found), (kind, cached, kernels)
+            assert found and all(k.endswith((", 16u>", ", 48u>")) for k in found), (kind, cached, kernels)
     assert "evict-first" not in rtcnorm.softmax.explain("scaled_softmax", (4, 32, 64, 1024))["backward"]["reason"]
+
+
+def test_l1_loads_from_40_mb_and_the_other_path_compiles():
+    """Inputs of 40 MB or more load x (y and dy) through L1 (opts bit 32),
+    smaller ones around it; the override forces either way, and both kernels
+    compile for every arch."""
+    big, small = (4, 32, 1024, 1024), (4, 32, 64, 1024)  # 256 MB and 16 MB of bf16
+    p = rtcnorm.softmax.explain("scaled_softmax", big)
+    for phase, data in (("forward", "x"), ("backward", "y and dy")):
+        assert p[phase]["kernel"].endswith(", 32u>") and f"{data} loaded through L1" in p[phase]["reason"], p[phase]
+    p = rtcnorm.softmax.explain("scaled_softmax", small)
+    assert p["forward"]["kernel"].endswith(", 0u>") and "through L1" not in p["forward"]["reason"]
+    with _tuning.softmax_override(fwd_l1_alloc=2, bwd_l1_alloc=2):
+        p = rtcnorm.softmax.explain("scaled_softmax", small)
+        assert p["forward"]["kernel"].endswith(", 32u>") and p["backward"]["kernel"].endswith(", 32u>")
+    with _tuning.softmax_override(fwd_l1_alloc=1, bwd_l1_alloc=1):
+        p = rtcnorm.softmax.explain("scaled_softmax", big)
+        assert p["forward"]["kernel"].endswith(", 0u>") and p["backward"]["kernel"].endswith(", 0u>")
+        assert "through L1" not in p["forward"]["reason"] + p["backward"]["reason"]
+        lines = rtcnorm.jit.precompile(
+            "scaled_softmax", hidden_sizes=[1024, 100000], dtypes=[torch.bfloat16], archs=("sm_80", "sm_90", "sm_100")
+        )
+    kernels = {line.rsplit(" ", 2)[0] for line in lines}
+    assert kernels and all(k.endswith(", 0u>") for k in kernels), kernels
+
+
+@pytest.mark.parametrize("op", ["scaled_softmax", MASKED, "scaled_aligned_causal_masked_softmax"])
+def test_decode_grids_take_launch_bounds_of_one(op):
+    """A grid of at most one CTA per SM (32 decode rows) is launched with
+    launch bounds of one CTA per SM; a grid of more row blocks than SMs, or
+    an explicit resident-threads override, keeps the register cap."""
+    f, b = (rtcnorm.softmax.explain(op, (1, 32, 1, 8192))[k] for k in ("forward", "backward"))
+    for e in (f, b):
+        assert e["grid"] == 32 and e["kernel"].endswith(", 1, 0u>"), e
+        assert "1 CTA per SM (grid of at most one CTA per SM)" in e["reason"], e
+    few_sms = rtcnorm.softmax.explain(op, (1, 32, 1, 8192), sm_count=16)
+    assert few_sms["forward"]["kernel"].endswith(", 4, 0u>"), few_sms  # 32 row blocks on 16 SMs
+    many = rtcnorm.softmax.explain(op, (1, 256, 1, 8192))["backward"]
+    assert many["grid"] == 256 and not many["kernel"].endswith(", 1, 0u>"), many
+    with _tuning.softmax_override(fwd_resident_threads=1024):
+        assert rtcnorm.softmax.explain(op, (1, 32, 1, 8192))["forward"]["kernel"].endswith(", 4, 0u>")
+    with pytest.raises(ValueError, match="sm_count must be at least 1"):
+        rtcnorm.softmax.explain(op, (1, 32, 1, 8192), sm_count=0)
+    kernels = {line.rsplit(" ", 2)[0] for line in rtcnorm.jit.precompile(op, hidden_sizes=[8192], archs=("sm_90",))}
+    assert f["kernel"] in kernels and b["kernel"] in kernels, kernels

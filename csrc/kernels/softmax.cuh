@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   constexpr bool kHeadsInner = KIND == kSoftmaxMasked && (OPTS & kSoftmaxHeadsInner) != 0;
   constexpr bool kReuse = CACHED && kHeadsInner && (OPTS & kSoftmaxMaskReuse) != 0;
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
+  constexpr bool kL1 = (OPTS & kSoftmaxL1Alloc) != 0;
   constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
 
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     for (int i = 0; i < NV; ++i) {
       const int v = c * kChunk + i * TPR + lane;
       if (v < r.nload) {
-        xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+        xv[i] = load_nc<T, VEC, false, kL1>(x, xoff + 1LL * v * VEC);
         if constexpr (KIND == kSoftmaxMasked)
           if (with_mask) mw[i * VEC / 32] |= load_mask_bits<VEC>(p.mask + moff + 1LL * v * VEC) << (i * VEC % 32);
       }
@@ -324,6 +325,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
   constexpr int kChunk = TPR * NV;
   constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
+  constexpr bool kL1 = (OPTS & kSoftmaxL1Alloc) != 0;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
@@ -360,8 +362,8 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         if (v < r.nload) {
-          yv[i] = load_nc<T, VEC>(y, yoff + 1LL * v * VEC);
-          gv[i] = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
+          yv[i] = load_nc<T, VEC, false, kL1>(y, yoff + 1LL * v * VEC);
+          gv[i] = load_nc<T, VEC, false, kL1>(dy, goff + 1LL * v * VEC);
         }
       }
     };

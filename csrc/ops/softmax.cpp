@@ -213,7 +213,9 @@ template <typename Params>
 void launch_softmax(const char* op, const at::Tensor& like, const SoftmaxProblem& prob, Params& prm) {
   const int dev = check_device_arch(like, op);
   const auto& info = jit::device_info(dev);
-  const SoftmaxPlan plan = plan_softmax(prob, info.arch);
+  SoftmaxProblem p = prob;
+  p.sm_count = info.sm_count;
+  const SoftmaxPlan plan = plan_softmax(p, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
   prm.row_blocks = static_cast<int>(plan.row_blocks);

@@ -72,6 +72,7 @@ constexpr int kReuseRun = 4;
 constexpr int kReuseCols = 2048;
 constexpr int kReuseBlocks = 2048;
 constexpr int kLongMaskedThreads = 128;
+constexpr int64_t kSoftmaxL1MinInputBytes = int64_t(40) << 20;
 // Past this many threads a row group needs barriers; up to kMaxRegs per thread
 // a warp per row is preferred (shuffles only).
 constexpr int kWarp = 32;
@@ -157,13 +158,27 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   plan.row_blocks = ceil_div(p.rows, rows);
 
   const int threads = static_cast<int>(tpr) * rows;
-  const int min_blocks = std::min(
-      255, std::max(1, pick(bwd ? t.bwd_resident_threads : t.fwd_resident_threads, kResidentThreads) / threads));
+  // A grid of at most one CTA per SM (decode: a few rows) loses nothing to
+  // launch bounds of one CTA per SM, and ptxas then schedules the row's loads
+  // with room to spare (H100 kernel-only, benchmarks/NOTES.md entry 47:
+  // aligned causal 1x32x1x8192 backward 3.82 -> 3.62 us, 2x16x1x16384 forward
+  // 6.11 -> 5.86; masked 1x32x1x8192 forward 5.20 -> 5.02).
+  const bool one_wave = p.sm_count > 0 && plan.cached && !plan.persistent && plan.row_blocks <= p.sm_count;
+  const int resident = pick(bwd ? t.bwd_resident_threads : t.fwd_resident_threads, one_wave ? 1 : kResidentThreads);
+  const int min_blocks = std::min(255, std::max(1, resident / threads));
   unsigned opts = 0;
   if (plan.cached && !bwd && nv * vec <= pick(t.keep_exp_elems, kKeepExpElems)) opts |= kSoftmaxKeepExp;
   if (plan.cached && plan.persistent && switch_on(bwd ? t.bwd_prefetch : t.fwd_prefetch, false))
     opts |= kSoftmaxPrefetch;
   if (switch_on(bwd ? t.bwd_stream_store : t.fwd_stream_store, false)) opts |= kSoftmaxStreamStore;
+  // Inputs of 40 MB or more load x (y and dy) through L1 rather than around
+  // it (H100 kernel-only, benchmarks/NOTES.md entry 47): 1.6-4.2% off the
+  // masked forward and backward at 256 MB-8 GB (bf16 4x32x1024x1024 backward
+  // 270.3 -> 264.9 us), 1-2% off the causal backward; 64 MB inputs within
+  // +-1.2%, but 16-32 MB ones 0.3-3.3% slower (masked 1x8x1024x1024 backward
+  // 19.15 -> 19.78 us), as the norm forward found (entry 27).
+  const int64_t input_bytes = p.rows * p.cols * jit::element_size(p.dtype);
+  if (switch_on(bwd ? t.bwd_l1_alloc : t.fwd_l1_alloc, input_bytes >= kSoftmaxL1MinInputBytes)) opts |= kSoftmaxL1Alloc;
   if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && switch_on(t.mask_order, long_masked))
     opts |= kSoftmaxHeadsInner;
   // A mask broadcast over a dim (heads): each row group loads its mask row's
@@ -224,10 +239,14 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
        << "; grid = " << describe_grid(plan);
   }
   const unsigned opts = (k.flags >> kOptsShift) & 0xffu;
-  os << "; launch bounds: " << ((k.flags >> kMinBlocksShift) & 0xffu) << " CTAs per SM";
+  const unsigned minb = (k.flags >> kMinBlocksShift) & 0xffu;
+  os << "; launch bounds: " << minb << (minb == 1 ? " CTA per SM" : " CTAs per SM");
+  if (minb == 1 && plan.cached && !plan.persistent && p.sm_count > 0 && plan.row_blocks <= p.sm_count)
+    os << " (grid of at most one CTA per SM)";
   if (opts & kSoftmaxKeepExp) os << "; exp2 kept in registers";
   if (opts & kSoftmaxPrefetch) os << "; next row block prefetched into L2";
   if (opts & kSoftmaxStreamStore) os << "; output stored evict-first";
+  if (opts & kSoftmaxL1Alloc) os << "; " << data << " loaded through L1 (input of 40 MB or more)";
   if (opts & kSoftmaxMaskReuse)
     os << "; each row group reads its mask row once for a run of " << ceil_div(p.bcast, plan.reuse_splits)
        << " rows sharing it (" << plan.reuse_splits << (plan.reuse_splits == 1 ? " run" : " runs") << " per mask row)";
@@ -257,6 +276,8 @@ const SoftmaxTunable kSoftmaxTunables[] = {
     {"bwd_prefetch", &SoftmaxTuning::bwd_prefetch, 1, 2, false},
     {"fwd_stream_store", &SoftmaxTuning::fwd_stream_store, 1, 2, false},
     {"bwd_stream_store", &SoftmaxTuning::bwd_stream_store, 1, 2, false},
+    {"fwd_l1_alloc", &SoftmaxTuning::fwd_l1_alloc, 1, 2, false},
+    {"bwd_l1_alloc", &SoftmaxTuning::bwd_l1_alloc, 1, 2, false},
     {"keep_exp_elems", &SoftmaxTuning::keep_exp_elems, 1, 256, false},
     {"mask_order", &SoftmaxTuning::mask_order, 1, 2, false},
     {"mask_reuse", &SoftmaxTuning::mask_reuse, 1, 2, false},
@@ -299,9 +320,19 @@ std::vector<KernelKey> softmax_keys(SoftmaxKind kind, DType dtype, int64_t cols,
     p.mask_bcast = true;
     p.bcast = 16;
     keys.push_back(plan_softmax(p, arch).key);
+    p.mask_bcast = false;
+    p.bcast = 1;
   }
   p.backward = true;
   keys.push_back(plan_softmax(p, arch).key);
+  // A decode-sized grid (32 rows on 132 SMs): its own launch bounds, and
+  // loads around L1 where the large grid's go through it.
+  p.rows = 32;
+  p.sm_count = 132;
+  for (bool backward : {false, true}) {
+    p.backward = backward;
+    keys.push_back(plan_softmax(p, arch).key);
+  }
   return keys;
 }
 

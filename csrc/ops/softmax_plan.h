@@ -23,6 +23,9 @@ struct SoftmaxProblem {
   // own below it (e.g. (b, 1, sq, sk) against (b, h, sq, sk)).
   bool mask_bcast = false;
   int64_t bcast = 1;  // mask_bcast: rows sharing each mask row (the broadcast dim's size)
+  // SMs of the device (0: unknown, e.g. kernel variants listed ahead of
+  // time); grids of at most one CTA per SM take launch bounds of one.
+  int sm_count = 0;
 };
 
 struct SoftmaxPlan {

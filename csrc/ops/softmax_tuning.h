@@ -35,6 +35,10 @@ struct SoftmaxTuning {
   // Evict-first (.cs) stores of the output (y, dx).
   int fwd_stream_store = 0;
   int bwd_stream_store = 0;
+  // Loads of x (forward) or y and dy (backward): 1 = around L1
+  // (L1::no_allocate), 2 = through L1 (the rule).
+  int fwd_l1_alloc = 0;
+  int bwd_l1_alloc = 0;
   // Cached forward rows of at most this many elements per thread keep
   // exp2(z - m) in registers for the write pass (rule: 16).
   int keep_exp_elems = 0;

@@ -139,13 +139,16 @@ def _mask_bcast(mask_shape, shape) -> int:
     return size
 
 
-def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = "sm_90", mask_shape=None) -> dict:
+def explain(
+    op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = "sm_90", mask_shape=None, sm_count: int = 132
+) -> dict:
     """The forward and backward launch plans of a softmax op for an input of ``shape``, and why.
 
     ``op`` is one of the four forward op names. Assumes aligned tensors (the
     widest vector access), as freshly allocated ones are. ``mask_shape``
     (scaled_masked_softmax) tells whether the mask is broadcast over a dim
-    such as heads. Needs no GPU.
+    such as heads. The plan is made for ``sm_count`` SMs (132: H100 SXM);
+    it matters only to grids of fewer row blocks than SMs. Needs no GPU.
     """
     shape = [int(s) for s in shape]
     if not shape:
@@ -157,4 +160,4 @@ def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = 
     from . import _C
 
     arch_number = int(str(arch).lower().removeprefix("sm_"))
-    return _C.explain_softmax(op, rows, shape[-1], dtype_name(dtype), arch_number, bcast)
+    return _C.explain_softmax(op, rows, shape[-1], dtype_name(dtype), arch_number, bcast, int(sm_count))

@@ -57,12 +57,15 @@ enum SoftmaxKind : int {
 //   from L2 and unpacked once per run rather than once per row.
 // - kSoftmaxStreamStore: the output (y or dx) is stored evict-first (.cs):
 //   nothing in the kernel reads it again.
+// - kSoftmaxL1Alloc: x (or y and dy) load through L1 (allocating) rather
+//   than around it.
 enum SoftmaxOpt : unsigned {
   kSoftmaxKeepExp = 1u,
   kSoftmaxPrefetch = 2u,
   kSoftmaxHeadsInner = 4u,
   kSoftmaxMaskReuse = 8u,
   kSoftmaxStreamStore = 16u,
+  kSoftmaxL1Alloc = 32u,
 };
 
 struct SoftmaxFwdParams {
