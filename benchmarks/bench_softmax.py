@@ -15,6 +15,9 @@ Bytes counted (the fewest the op must move):
 torch.profiler (host overhead left out), for rtcnorm and every peer; "best peer
 kernel" is the highest peer's, and "kernel vs best" rtcnorm's over it: the fair
 comparison when a slow host makes the peers' per-call times host-bound.
+"copy kernel" is the copy's device time the same way, and "kernel %copy"
+rtcnorm's kernel against it (for calls of a few microseconds of work, whose
+per-call figures measure the host).
 
     python benchmarks/bench_softmax.py [--kinds masked,causal,aligned_causal] [--dtype bf16] [--quick]
 """
@@ -157,7 +160,9 @@ def bench_shape(kind, shape, dtype, impls, phases, table):
     nbytes = {"fwd": 2 * elt + (hidden.numel() if kind == "masked" else 0), "bwd": 3 * elt}
     for phase in phases:
         copy = harness.copy_gbps(nbytes[phase])
+        copy_kernel = harness.copy_kernel_gbps(nbytes[phase])
         row = {"op": f"softmax_{kind}", "shape": "x".join(map(str, shape)), "phase": phase, "copy": round(copy)}
+        row["copy kernel"] = round(copy_kernel)
         best_peer = best_peer_kernel = 0.0  # 0.0: no peer ran (or none had device work)
         rtc_kernel = None
         for name, impl in impls.items():
@@ -175,6 +180,8 @@ def bench_shape(kind, shape, dtype, impls, phases, table):
             if name == "rtcnorm":
                 row["rtcnorm %copy"] = round(100 * rate / copy, 1)
                 rtc_kernel = kernel_rate
+                if kernel_rate:
+                    row["kernel %copy"] = round(100 * kernel_rate / copy_kernel, 1)
             else:
                 best_peer = max(best_peer, rate)
                 best_peer_kernel = max(best_peer_kernel, kernel_rate or 0.0)
@@ -204,7 +211,8 @@ def main():
     dtype = DTYPES[args.dtype]
     impls = implementations(not args.no_peers)
     phases = args.phases.split(",")
-    columns = ["op", "shape", "phase", "copy", "rtcnorm", "rtcnorm %copy", "rtcnorm kernel"]
+    columns = ["op", "shape", "phase", "copy", "rtcnorm", "rtcnorm %copy", "copy kernel", "rtcnorm kernel"]
+    columns += ["kernel %copy"]
     peers = [n for n in impls if n != "rtcnorm"]
     columns += peers + ["best peer", "vs best"]
     columns += [f"{n} kernel" for n in peers] + ["best peer kernel", "kernel vs best"]

@@ -190,6 +190,19 @@ def copy_gbps(nbytes: int) -> float:
     return _cache[key]
 
 
+def copy_kernel_gbps(nbytes: int) -> float:
+    """GB/s of the device time (torch.profiler, L2 flushed) of the same copy as
+    copy_gbps: the denominator for kernels whose calls are host-bound."""
+    n = max(16, (int(nbytes) // 2 + 15) // 16 * 16)
+    key = ("copy kernel", n, _cfg["device"])
+    if key not in _cache:
+        src = torch.empty(n, dtype=torch.uint8, device=device()).random_()
+        dst = torch.empty_like(src)
+        _cache[key] = gbps(2 * n, profiler_kernel_ms(lambda: dst.copy_(src)))
+        del src, dst
+    return _cache[key]
+
+
 def _is_device_work(e, DeviceType) -> bool:
     """A kernel, memset or memcpy; not a GPU-side mirror of a record_function range
     (autograd and torch.compile open such ranges around the kernels they launch)."""

@@ -41,3 +41,17 @@ def test_l2_reset_is_a_no_op_without_cuda():
         assert "cu_reset" not in harness._cache
     finally:
         sys.path.remove(BENCH)
+
+
+def test_copy_rates_per_call_and_per_kernel_are_cached_numbers():
+    sys.path.insert(0, BENCH)
+    try:
+        import harness
+
+        if not torch.cuda.is_available():
+            harness.configure(device="cpu", warmup=1.0, rep=2.0)
+        call, kernel = harness.copy_gbps(1 << 20), harness.copy_kernel_gbps(1 << 20)
+        assert call > 0 and kernel > 0
+        assert harness.copy_kernel_gbps(1 << 20) == kernel  # measured once per size
+    finally:
+        sys.path.remove(BENCH)
