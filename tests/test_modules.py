@@ -320,6 +320,21 @@ def test_forward_grids_of_one_wave_at_four_ctas_keep_128_registers(op, dtype, m,
     assert not rtcnorm.explain(op, (m, n), torch.float32, **kw)["kernel"].endswith(", 4>")
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+@pytest.mark.parametrize(("m", "n"), [(1, 4096), (32, 4096), (132, 2048), (64, 8192), (100, 1024)])
+def test_forward_grids_of_at_most_one_cta_per_sm_take_launch_bounds_of_one(op, dtype, m, n):
+    """A grid of at most one CTA per SM is launched with launch bounds of one
+    CTA per SM (no occupancy to trade for registers); the same rows on fewer
+    SMs than row blocks keep a register cap, and the plan stays multi-wave."""
+    plan = rtcnorm.explain(op, (m, n), dtype, device="cpu", sm_count=132, arch="sm_90")
+    assert plan["row_blocks"] <= 132 and plan["kernel"].endswith(", 1>"), plan
+    assert plan["mode"] == "multi_wave_cached", plan
+    if plan["row_blocks"] >= 4:
+        few = rtcnorm.explain(op, (m, n), dtype, device="cpu", sm_count=plan["row_blocks"] // 4, arch="sm_90")
+        assert few["row_blocks"] > few["sm_count"] and not few["kernel"].endswith(", 1>"), few
+
+
 @pytest.mark.parametrize(
     ("dtype", "m", "n", "residual", "nv"),
     [(BF16, 32768, 128, False, 4), (BF16, 16384, 256, False, 4), (torch.float16, 24576, 128, False, 4),

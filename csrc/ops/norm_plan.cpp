@@ -342,8 +342,11 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // 4096x4096 33.0 -> 32.0; benchmarks/NOTES.md entry 33).
   //
   // A grid of at most one CTA per SM (decode-sized M) is latency-bound, not
-  // occupancy-bound: it keeps 4, whose extra registers let ptxas issue the
-  // row's loads together (H100, 8..128 x 4096: +5-25% per call).
+  // occupancy-bound: launch bounds of one CTA per SM cost it nothing, and
+  // ptxas issues the row's loads together with registers to spare (H100,
+  // 8..128 x 4096: 4 against 8 +5-25% per call; 1 against 4, kernel-only,
+  // 0-3%: bf16 RMSNorm 32x4096 2.34 -> 2.29 us, LayerNorm 2.67 -> 2.61,
+  // LayerNorm 64x8192 3.52 -> 3.46; benchmarks/NOTES.md entry 48).
   //
   // So does a 16-bit grid of more than 2 and at most 4 CTAs per SM, which
   // the 4-CTA bound still runs in one wave (H100, CUDA-graph replay, bf16,
@@ -359,7 +362,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
   const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
   int reg_blocks = 4;
-  if (wide_ln_row(p, tpr * rows, thread_bytes))
+  if (wide_ln_row(p, tpr * rows, thread_bytes) || small_grid)
     reg_blocks = 1;
   else if (!small_grid && !p.residual && thread_bytes <= 80)
     reg_blocks = 8;
@@ -375,7 +378,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // rows in flight, and a persistent one prefetching its next row wins
   // (2469 -> 2667 GB/s); RMSNorm's lighter rows still reach 99% of copy
   // there, ahead of persistent CTAs (2916 vs 2812).
-  const bool low_residency = p.kind == kLayerNorm && reg_min_blocks * tpr * rows < 512;
+  const bool low_residency = p.kind == kLayerNorm && !small_grid && reg_min_blocks * tpr * rows < 512;
 
   // Narrow rows run persistent up to kNarrowPersistentBlocksPerSm row blocks
   // per SM at the base vectors per thread; a CTA of fuller threads counts as
