@@ -178,29 +178,28 @@ def gbps(nbytes: float, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def copy_gbps(nbytes: int) -> float:
-    """GB/s of `dst.copy_(src)` where read + write total `nbytes` (src holds half)."""
+def _copy_rate(nbytes: int, timer, tag: str) -> float:
+    """GB/s of `dst.copy_(src)` where read + write total `nbytes` (src holds half),
+    timed by `timer` (a callable returning ms); measured once per size."""
     n = max(16, (int(nbytes) // 2 + 15) // 16 * 16)
-    key = ("copy", n, _cfg["device"])
+    key = (tag, n, _cfg["device"])
     if key not in _cache:
         src = torch.empty(n, dtype=torch.uint8, device=device()).random_()
         dst = torch.empty_like(src)
-        _cache[key] = gbps(2 * n, bench(lambda: dst.copy_(src)))
+        _cache[key] = gbps(2 * n, timer(lambda: dst.copy_(src)))
         del src, dst
     return _cache[key]
+
+
+def copy_gbps(nbytes: int) -> float:
+    """GB/s of the copy's call (`bench`): the per-call denominator."""
+    return _copy_rate(nbytes, bench, "copy")
 
 
 def copy_kernel_gbps(nbytes: int) -> float:
-    """GB/s of the device time (torch.profiler, L2 flushed) of the same copy as
-    copy_gbps: the denominator for kernels whose calls are host-bound."""
-    n = max(16, (int(nbytes) // 2 + 15) // 16 * 16)
-    key = ("copy kernel", n, _cfg["device"])
-    if key not in _cache:
-        src = torch.empty(n, dtype=torch.uint8, device=device()).random_()
-        dst = torch.empty_like(src)
-        _cache[key] = gbps(2 * n, profiler_kernel_ms(lambda: dst.copy_(src)))
-        del src, dst
-    return _cache[key]
+    """GB/s of the copy's device time (torch.profiler, L2 flushed): the
+    denominator for kernels whose calls are host-bound."""
+    return _copy_rate(nbytes, profiler_kernel_ms, "copy kernel")
 
 
 def _is_device_work(e, DeviceType) -> bool:
