@@ -364,7 +364,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   int reg_blocks = 4;
   if (wide_ln_row(p, tpr * rows, thread_bytes) || small_grid)
     reg_blocks = 1;
-  else if (!small_grid && !p.residual && thread_bytes <= 80)
+  else if (!p.residual && thread_bytes <= 80)
     reg_blocks = 8;
   else if (full_cta_row && esize == 2 && wsize == 2 && one_wave_at_4)
     reg_blocks = 4;

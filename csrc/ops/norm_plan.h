@@ -12,6 +12,7 @@
 #include "jit/kernel_key.h"
 #include "kernels/common/params.cuh"
 #include "ops/norm_tuning.h"
+#include "ops/plan_util.h"
 
 namespace rtcnorm {
 
@@ -20,10 +21,6 @@ enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMul
 // Parses the user's mode string; throws naming `op` and listing valid values.
 NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op);
 const char* mode_name(NormMode m);
-
-// Forward inputs (x) of at least this many bytes are read through L1
-// (kL1Allocate; the rule and its measurements are in norm_plan.cpp).
-constexpr int64_t kL1AllocMinInputBytes = int64_t(40) << 20;
 
 struct NormProblem {
   NormKind kind = kRmsNorm;

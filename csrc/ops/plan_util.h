@@ -10,6 +10,12 @@ namespace rtcnorm {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Inputs (the norm forward's x; the softmax's x, or y and dy) of at least this
+// many bytes are read through L1 rather than around it (kL1Allocate,
+// kSoftmaxL1Alloc; the measurements are beside the rules in norm_plan.cpp and
+// softmax_plan.cpp).
+constexpr int64_t kL1AllocMinInputBytes = int64_t(40) << 20;
+
 // The smallest power of two >= v (1 for v <= 1).
 inline int64_t pow2_ceil(int64_t v) {
   int64_t p = 1;

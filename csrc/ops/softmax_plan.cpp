@@ -72,7 +72,6 @@ constexpr int kReuseRun = 4;
 constexpr int kReuseCols = 2048;
 constexpr int kReuseBlocks = 2048;
 constexpr int kLongMaskedThreads = 128;
-constexpr int64_t kSoftmaxL1MinInputBytes = int64_t(40) << 20;
 // Past this many threads a row group needs barriers; up to kMaxRegs per thread
 // a warp per row is preferred (shuffles only).
 constexpr int kWarp = 32;
@@ -96,6 +95,12 @@ int env_cached_threads() {
 int max_cached_threads() { return pick(softmax_tuning().cache_threads, env_cached_threads()); }
 
 int choose_vec(const SoftmaxProblem& p) { return widest_vec(p.dtype, p.max_vec, p.cols); }
+
+// A cached grid of at most one CTA per SM (decode: a few rows), which takes
+// launch bounds of one.
+bool one_wave_grid(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
+  return p.sm_count > 0 && plan.cached && !plan.persistent && plan.row_blocks <= p.sm_count;
+}
 
 }  // namespace
 
@@ -163,8 +168,8 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   // with room to spare (H100 kernel-only, benchmarks/NOTES.md entry 47:
   // aligned causal 1x32x1x8192 backward 3.82 -> 3.62 us, 2x16x1x16384 forward
   // 6.11 -> 5.86; masked 1x32x1x8192 forward 5.20 -> 5.02).
-  const bool one_wave = p.sm_count > 0 && plan.cached && !plan.persistent && plan.row_blocks <= p.sm_count;
-  const int resident = pick(bwd ? t.bwd_resident_threads : t.fwd_resident_threads, one_wave ? 1 : kResidentThreads);
+  const int resident =
+      pick(bwd ? t.bwd_resident_threads : t.fwd_resident_threads, one_wave_grid(p, plan) ? 1 : kResidentThreads);
   const int min_blocks = std::min(255, std::max(1, resident / threads));
   unsigned opts = 0;
   if (plan.cached && !bwd && nv * vec <= pick(t.keep_exp_elems, kKeepExpElems)) opts |= kSoftmaxKeepExp;
@@ -178,7 +183,7 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   // +-1.2%, but 16-32 MB ones 0.3-3.3% slower (masked 1x8x1024x1024 backward
   // 19.15 -> 19.78 us), as the norm forward found (entry 27).
   const int64_t input_bytes = p.rows * p.cols * jit::element_size(p.dtype);
-  if (switch_on(bwd ? t.bwd_l1_alloc : t.fwd_l1_alloc, input_bytes >= kSoftmaxL1MinInputBytes)) opts |= kSoftmaxL1Alloc;
+  if (switch_on(bwd ? t.bwd_l1_alloc : t.fwd_l1_alloc, input_bytes >= kL1AllocMinInputBytes)) opts |= kSoftmaxL1Alloc;
   if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && switch_on(t.mask_order, long_masked))
     opts |= kSoftmaxHeadsInner;
   // A mask broadcast over a dim (heads): each row group loads its mask row's
@@ -241,8 +246,7 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
   const unsigned opts = (k.flags >> kOptsShift) & 0xffu;
   const unsigned minb = (k.flags >> kMinBlocksShift) & 0xffu;
   os << "; launch bounds: " << minb << (minb == 1 ? " CTA per SM" : " CTAs per SM");
-  if (minb == 1 && plan.cached && !plan.persistent && p.sm_count > 0 && plan.row_blocks <= p.sm_count)
-    os << " (grid of at most one CTA per SM)";
+  if (minb == 1 && one_wave_grid(p, plan)) os << " (grid of at most one CTA per SM)";
   if (opts & kSoftmaxKeepExp) os << "; exp2 kept in registers";
   if (opts & kSoftmaxPrefetch) os << "; next row block prefetched into L2";
   if (opts & kSoftmaxStreamStore) os << "; output stored evict-first";
