@@ -229,7 +229,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
 }
 
 py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch,
-                         int64_t mask_bcast, int sm_count) {
+                         int64_t mask_bcast, int sm_count, int64_t sq) {
   if (sm_count < 1) throw py::value_error("rtcnorm.softmax.explain: sm_count must be at least 1");
   SoftmaxProblem p;
   p.sm_count = sm_count;
@@ -238,6 +238,7 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
   p.dtype = parse_dtype(dtype);
   p.rows = rows;
   p.cols = cols;
+  p.sq = sq;
   p.max_vec = 16;
   bool known = false;
   for (SoftmaxOp o : {SoftmaxOp::kScaled, SoftmaxOp::kMasked, SoftmaxOp::kUpperTriang, SoftmaxOp::kAlignedCausal}) {
@@ -255,7 +256,7 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
     e["reason"] = describe_plan(p, plan);
     e["cached_row"] = plan.cached;
     e["persistent"] = plan.persistent;
-    e["grid"] = plan.persistent ? py::cast(describe_grid(plan)) : py::cast(plan.row_blocks);
+    e["grid"] = plan.persistent ? py::cast(describe_grid(plan)) : py::cast(plan.row_blocks * plan.key.cluster);
     d[backward ? "backward" : "forward"] = e;
   }
   d["op"] = op;
@@ -303,7 +304,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("explain_softmax", &explain_softmax, py::arg("op"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
-        py::arg("arch"), py::arg("mask_bcast") = false, py::arg("sm_count") = 132);
+        py::arg("arch"), py::arg("mask_bcast") = false, py::arg("sm_count") = 132, py::arg("sq") = 0);
   m.def("_softmax_tuning", [] {
     py::dict d;
     for (int i = 0; i < kNumSoftmaxTunables; ++i)

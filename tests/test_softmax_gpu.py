@@ -138,6 +138,42 @@ def test_gpu_l1_path_changes_no_bits(op, sk):
     assert torch.equal(out[1][0], out[2][0]) and torch.equal(out[1][1], out[2][1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+@pytest.mark.parametrize(
+    ("op", "shape"),
+    [
+        ("scaled_softmax", (1, 5, 1, 40000)),
+        ("scaled_masked_softmax", (2, 3, 1, 8192)),
+        ("scaled_aligned_causal_masked_softmax", (1, 2, 5, 9001)),  # causal prefixes of 8997-9001 keys
+        ("scaled_aligned_causal_masked_softmax", (1, 4, 1, 65536)),  # a single query: the plain kernels
+        ("scaled_upper_triang_masked_softmax", (1, 1, 96, 96)),  # prefixes shorter than one CTA's first piece
+    ],
+)
+def test_gpu_few_rows_split_over_clusters(op, shape, cluster, dtype):
+    """Few-row grids with each row split over a thread-block cluster (forced
+    sizes; sm_90+): forward, backward and autograd held to the reference,
+    with fully masked rows, and the same result, to rounding, as whole-CTA
+    rows."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    x = random_input(shape, dtype, "cuda", seed=cluster)
+    mask = None
+    if op == "scaled_masked_softmax":
+        mask = random_mask((shape[0], 1, 1, shape[-1]), "cuda", seed=cluster)
+        mask[1] = True  # the second batch's rows are fully masked
+    with _tuning.softmax_override(fwd_cluster=cluster, bwd_cluster=cluster):
+        plan = rtcnorm.softmax.explain(op, shape, dtype, mask_shape=None if mask is None else mask.shape)
+        assert plan["forward"]["cluster"] == cluster and plan["backward"]["cluster"] == cluster, plan
+        assert plan["forward"]["grid"] == cluster * x.numel() // shape[-1], plan
+        y = check_op(op, x, mask)
+    with _tuning.softmax_override(fwd_cluster=1, bwd_cluster=1):
+        y1 = call(op, x, mask, 0.37)
+    assert_forward_close(y, y1.float(), what="cluster against whole-CTA rows")
+    if mask is not None:
+        assert torch.count_nonzero(y[1]) == 0
+
+
 def test_gpu_mask_layouts():
     x = random_input((2, 3, 5, 64), torch.float16, "cuda", seed=14)
     m = random_mask((2, 1, 64, 5), "cuda", seed=14).transpose(-1, -2)  # keys not contiguous

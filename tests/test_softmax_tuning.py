@@ -20,6 +20,11 @@ def plan(shape=(4, 32, 1024, 4096), op=MASKED, **kw):
     return rtcnorm.softmax.explain(op, shape, torch.bfloat16, mask_shape=(b, 1, sq, sk), **kw)
 
 
+def _opts(kernel: str) -> int:
+    """The SoftmaxOpt bits of a kernel name expression (its last template argument)."""
+    return int(kernel.rsplit(", ", 1)[1].removesuffix("u>"))
+
+
 def test_defaults_are_rules():
     values = _tuning.softmax_get()
     assert values and all(v == 0 for v in values.values())
@@ -191,7 +196,7 @@ def test_stream_store_reaches_the_key_and_compiles():
     for kind in ("fwd", "bwd"):
         for cached in ("true", "false"):
             found = [k for k in kernels if k.startswith(f"rtcnorm::softmax_{kind}") and f" {cached}, " in k]
-            assert found and all(k.endswith((", 16u>", ", 48u>")) for k in found), (kind, cached, kernels)
+            assert found and all(_opts(k) & 16 for k in found), (kind, cached, kernels)
     assert "evict-first" not in rtcnorm.softmax.explain("scaled_softmax", (4, 32, 64, 1024))["backward"]["reason"]
 
 
@@ -216,7 +221,7 @@ def test_l1_loads_from_40_mb_and_the_other_path_compiles():
             "scaled_softmax", hidden_sizes=[1024, 100000], dtypes=[torch.bfloat16], archs=("sm_80", "sm_90", "sm_100")
         )
     kernels = {line.rsplit(" ", 2)[0] for line in lines}
-    assert kernels and all(k.endswith(", 0u>") for k in kernels), kernels
+    assert kernels and not any(_opts(k) & 32 for k in kernels), kernels
 
 
 @pytest.mark.parametrize("op", ["scaled_softmax", MASKED, "scaled_aligned_causal_masked_softmax"])
@@ -238,3 +243,72 @@ def test_decode_grids_take_launch_bounds_of_one(op):
         rtcnorm.softmax.explain(op, (1, 32, 1, 8192), sm_count=0)
     kernels = {line.rsplit(" ", 2)[0] for line in rtcnorm.jit.precompile(op, hidden_sizes=[8192], archs=("sm_90",))}
     assert f["kernel"] in kernels and b["kernel"] in kernels, kernels
+
+
+@pytest.mark.parametrize("op", ["scaled_aligned_causal_masked_softmax", "scaled_upper_triang_masked_softmax"])
+def test_single_query_causal_rows_run_the_plain_kernels(op):
+    """A causal row of one query (sq == 1: decode) sees every key, so both
+    directions plan the plain kernels; two queries keep the causal ones."""
+    one = rtcnorm.softmax.explain(op, (1, 32, 1, 8192) if "aligned" in op else (1, 32, 1, 1))
+    assert ", 0, true, " in one["forward"]["kernel"] and ", false, true, " in one["backward"]["kernel"], one
+    assert "single query" in one["forward"]["reason"] and "keys past the diagonal" not in one["forward"]["reason"]
+    two = rtcnorm.softmax.explain(op, (1, 32, 2, 8192) if "aligned" in op else (1, 32, 2, 2))
+    assert ", 2, true, " in two["forward"]["kernel"] and ", true, true, " in two["backward"]["kernel"], two
+    assert one["backward"]["kernel"] == rtcnorm.softmax.explain("scaled_softmax", (32, 1, 1, 8192 if "aligned" in op else 1))["backward"]["kernel"]  # fmt: skip
+
+
+def test_few_row_grids_take_a_cta_per_row():
+    """At most one row per SM: a CTA per row, the forward at two 16-byte
+    vectors a thread; more rows than SMs (or the override) pack rows."""
+    f = rtcnorm.softmax.explain("scaled_softmax", (1, 32, 1, 2048))["forward"]
+    assert (f["rows_per_cta"], f["threads_per_row"], f["vecs_per_thread"], f["grid"]) == (1, 128, 2, 32), f
+    packed = rtcnorm.softmax.explain("scaled_softmax", (1, 32, 1, 2048), sm_count=16)["forward"]
+    assert packed["rows_per_cta"] > 1 and packed["grid"] < 32, packed
+    with _tuning.softmax_override(few_rows=1):
+        f1 = rtcnorm.softmax.explain("scaled_softmax", (1, 32, 1, 2048))["forward"]
+        assert (f1["kernel"], f1["grid"]) == (packed["kernel"], packed["grid"]), (f1, packed)
+    with _tuning.softmax_override(few_rows=2):
+        many = rtcnorm.softmax.explain("scaled_softmax", (1, 512, 1, 2048))["forward"]
+        assert many["rows_per_cta"] == 1 and many["grid"] == 512, many
+
+
+def test_few_long_rows_split_over_clusters():
+    """At most an eighth as many rows as SMs, each of 4096 16-byte vectors or
+    more: a cluster of up to 8 CTAs per row on sm_90+, never on sm_80; the
+    override forces a size on any few-row grid or turns clusters off."""
+    op = "scaled_aligned_causal_masked_softmax"
+    for phase in ("forward", "backward"):
+        e = rtcnorm.softmax.explain(op, (1, 8, 1, 32768))[phase]
+        assert e["cluster"] == 8 and e["grid"] == 64 and e["cached_row"], e
+        assert "cluster of 8 CTAs" in e["reason"] and _opts(e["kernel"]) & 192 == 192, e
+        assert rtcnorm.softmax.explain(op, (1, 8, 1, 32768), arch="sm_80")[phase]["cluster"] == 1
+        assert rtcnorm.softmax.explain(op, (1, 32, 1, 8192))[phase]["cluster"] == 1  # 32 rows: too many
+        assert rtcnorm.softmax.explain(op, (1, 8, 1, 16384))[phase]["cluster"] == 1  # rows too short
+        assert rtcnorm.softmax.explain(op, (1, 17, 1, 32768))[phase]["cluster"] == 1  # 17 x 8 > 132 SMs
+        assert rtcnorm.softmax.explain(op, (1, 1, 1, 32768))[phase]["cluster"] == 8
+    # 8 rows of 65536 backward: streamed as whole rows, cached as slices.
+    b = rtcnorm.softmax.explain(op, (1, 8, 1, 65536))["backward"]
+    assert b["cached_row"] and b["cluster"] == 8, b
+    with _tuning.softmax_override(fwd_cluster=2, bwd_cluster=1):
+        e = rtcnorm.softmax.explain(op, (1, 32, 1, 8192))
+        assert e["forward"]["cluster"] == 2 and e["forward"]["grid"] == 64 and e["backward"]["cluster"] == 1, e
+    with _tuning.softmax_override(fwd_cluster=8, fwd_persistent=2):
+        assert rtcnorm.softmax.explain(op, (1, 8, 1, 32768))["forward"]["cluster"] == 1
+    for bad in (3, 16):
+        with pytest.raises(ValueError, match="fwd_cluster must be 0"), _tuning.softmax_override(fwd_cluster=bad):
+            pass
+
+
+def test_cluster_kernels_compile():
+    """The few-row cluster kernels compile for sm_90 and sm_100 and never
+    reach sm_80's variant list."""
+    lines = rtcnorm.jit.precompile(
+        "scaled_masked_softmax", hidden_sizes=[32768], dtypes=[torch.bfloat16], archs=("sm_80", "sm_90", "sm_100")
+    )
+    by_arch = {}
+    for line in lines:
+        kernel, arch, _ = line.rsplit(" ", 2)
+        by_arch.setdefault(arch, set()).add(kernel)
+    for arch in ("sm_90", "sm_100"):
+        assert any(_opts(k) & 192 for k in by_arch[arch]), by_arch[arch]
+    assert not any(_opts(k) & 192 for k in by_arch["sm_80"]), by_arch["sm_80"]

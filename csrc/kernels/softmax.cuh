@@ -6,7 +6,12 @@
 // Thread layout: a CTA of TPR * ROWS threads holds ROWS row groups; group g
 // owns row rb * ROWS + g of row block rb. Thread `lane` of a group owns the
 // VEC-wide vectors lane, lane + TPR, ... of its row, NV of them per chunk of
-// TPR * NV vectors.
+// TPR * NV vectors. With a cluster of CL CTAs (kSoftmaxClusterBits, cached
+// rows only, ROWS == 1), a row block belongs to a cluster and CTA `rank` of
+// it owns vectors (i * CL + rank) * TPR + lane, i < NV: each CTA holds
+// interleaved TPR-vector pieces of the row, so a causal prefix spreads over
+// the whole cluster, and the row's statistics meet through distributed
+// shared memory (common/cluster.cuh).
 //
 // The row length `cols` is a run-time value: a kernel serves every row
 // length up to its capacity (CACHED: TPR * NV * VEC elements; streamed: any),
@@ -17,7 +22,7 @@
 // Invariants (the host's planner guarantees them; see ops/softmax_plan.cpp):
 // - cols % VEC == 0; x, dy and the mask are VEC-aligned at every row start
 //   (the mask in bytes); y, dx are contiguous rows x cols.
-// - CACHED: the row is one chunk (cols / VEC <= TPR * NV); it is read once
+// - CACHED: the row is one chunk (cols / VEC <= CL * TPR * NV); it is read once
 //   into registers as raw T. Otherwise ROWS == 1 and the row is streamed:
 //   one online (max, sum) pass, then a second pass, in reverse chunk order
 //   so its first reads are the chunks the first pass touched last (most
@@ -33,6 +38,7 @@
 //   backward likewise reads neither y nor dy there.
 #pragma once
 
+#include "common/cluster.cuh"
 #include "common/softmax_math.cuh"
 
 namespace rtcnorm {
@@ -108,10 +114,18 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr bool kL1 = (OPTS & kSoftmaxL1Alloc) != 0;
   constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
+  constexpr int kCl = 1 << ((OPTS & kSoftmaxClusterBits) >> kSoftmaxClusterShift);
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
+  static_assert(kCl == 1 || (CACHED && ROWS == 1 && !kReuse && !kPrefetch),
+                "a cluster splits cached rows of one CTA each, one row block at a time");
 
   __shared__ GroupScratch<TPR, ROWS, MaxSum> scratch;
+  __shared__ ClusterScratch<kCl, ROWS, MaxSum> cscratch;
   const int lane = threadIdx.x % TPR;
+  const int rank = cluster_rank<kCl>();
+  int calls = 0;  // cluster_allreduce calls so far (slot parity)
+  // Vector i of chunk c of this thread's row (a cached row is chunk 0).
+  auto vidx = [&](int c, int i) { return kCl == 1 ? c * kChunk + i * TPR + lane : (i * kCl + rank) * TPR + lane; };
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   const int nvec = p.cols / VEC;
@@ -130,7 +144,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     const long long nm = KIND == kSoftmaxMasked ? row_offset(p.mask_rows, n.row) : 0;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int v = i * TPR + lane;
+      const int v = vidx(0, i);
       if (v >= n.nload) continue;
       prefetch_l2<T, VEC>(x, nx + 1LL * v * VEC);
       if constexpr (KIND == kSoftmaxMasked) prefetch_l2<unsigned char, VEC>(p.mask, nm + 1LL * v * VEC);
@@ -148,7 +162,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     }
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int v = c * kChunk + i * TPR + lane;
+      const int v = vidx(c, i);
       if (v < r.nload) {
         xv[i] = load_nc<T, VEC, false, kL1>(x, xoff + 1LL * v * VEC);
         if constexpr (KIND == kSoftmaxMasked)
@@ -182,7 +196,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     float m = neg_inf();
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int v = i * TPR + lane;
+      const int v = vidx(0, i);
       if (v >= r.nload) continue;
       float z[VEC];
       logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
@@ -194,7 +208,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int v = i * TPR + lane;
+      const int v = vidx(0, i);
       if (v >= r.nload) continue;
       float z[VEC];
       logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
@@ -205,10 +219,12 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
         if constexpr (kKeepExp) e[i][j] = t;
       }
     }
-    const float f = row_factor(m, group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch));
+    MaxSum tot = group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch);
+    tot = cluster_allreduce<kCl, ROWS>(tot, cscratch, calls++, 0, threadIdx.x == 0);
+    const float f = row_factor(m, tot);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int v = i * TPR + lane;
+      const int v = vidx(0, i);
       if (v >= nstore) continue;
       PT out = zero_pack<T, VEC>();
       if (v < r.nload) {
@@ -256,7 +272,8 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     return;
   }
 
-  for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+  // Uniform across a cluster: its CTAs share blockIdx.x / kCl.
+  for (int rb = blockIdx.x / kCl; rb < p.row_blocks; rb += gridDim.x / kCl) {
     const SoftmaxRow r = row_at(rb);
     if constexpr (CACHED) {
       unsigned mw[kMaskWords];
@@ -273,7 +290,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
         float cm = neg_inf();
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
-          const int v = c * kChunk + i * TPR + lane;
+          const int v = vidx(c, i);
           if (v >= r.nload) continue;
           float z[VEC];
           logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
@@ -285,7 +302,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
         s *= fast_exp2(m - mn);
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
-          const int v = c * kChunk + i * TPR + lane;
+          const int v = vidx(c, i);
           if (v >= r.nload) continue;
           float z[VEC];
           logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, mn, z);
@@ -303,7 +320,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
         load_chunk(r, xoff, moff, c, xv, mw, true);
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
-          const int v = c * kChunk + i * TPR + lane;
+          const int v = vidx(c, i);
           if (v >= nstore) continue;
           PT out = zero_pack<T, VEC>();
           if (v < r.nload) {
@@ -317,6 +334,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       }
     }
   }
+  cluster_exit<kCl>();
 }
 
 template <typename T, int VEC, int TPR, int ROWS, int NV, bool CAUSAL, bool CACHED, int MINB, unsigned OPTS>
@@ -326,10 +344,16 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
   constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr bool kL1 = (OPTS & kSoftmaxL1Alloc) != 0;
+  constexpr int kCl = 1 << ((OPTS & kSoftmaxClusterBits) >> kSoftmaxClusterShift);
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
+  static_assert(kCl == 1 || (CACHED && ROWS == 1 && !kPrefetch), "a cluster splits cached rows of one CTA each");
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
+  __shared__ ClusterScratch<kCl, ROWS, Sum1> cscratch;
   const int lane = threadIdx.x % TPR;
+  const int rank = cluster_rank<kCl>();
+  int calls = 0;
+  auto vidx = [&](int c, int i) { return kCl == 1 ? c * kChunk + i * TPR + lane : (i * kCl + rank) * TPR + lane; };
   const T* y = static_cast<const T*>(p.y);
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);
@@ -344,14 +368,14 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
     const long long ng = row_offset(p.dy_rows, n.row);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int v = i * TPR + lane;
+      const int v = vidx(0, i);
       if (v >= n.nload) continue;
       prefetch_l2<T, VEC>(y, ny + 1LL * v * VEC);
       prefetch_l2<T, VEC>(dy, ng + 1LL * v * VEC);
     }
   };
 
-  for (int rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
+  for (int rb = blockIdx.x / kCl; rb < p.row_blocks; rb += gridDim.x / kCl) {
     const SoftmaxRow r = softmax_row<VEC, TPR, ROWS, CAUSAL>(rb, p.sq, p.rows, p.cols, p.diag);
     const long long yoff = static_cast<long long>(r.row) * p.cols;
     const long long goff = r.ok ? row_offset(p.dy_rows, r.row) : 0;
@@ -360,7 +384,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
     auto load_chunk = [&](int c, PT(&yv)[NV], PT(&gv)[NV]) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int v = c * kChunk + i * TPR + lane;
+        const int v = vidx(c, i);
         if (v < r.nload) {
           yv[i] = load_nc<T, VEC, false, kL1>(y, yoff + 1LL * v * VEC);
           gv[i] = load_nc<T, VEC, false, kL1>(dy, goff + 1LL * v * VEC);
@@ -373,7 +397,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
     auto dot_chunk = [&](int c, const PT(&yv)[NV], const PT(&gv)[NV], float s) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int v = c * kChunk + i * TPR + lane;
+        const int v = vidx(c, i);
         if (v >= r.nload) continue;
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
@@ -384,7 +408,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
     auto store_chunk = [&](int c, const PT(&yv)[NV], const PT(&gv)[NV], float dot) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int v = c * kChunk + i * TPR + lane;
+        const int v = vidx(c, i);
         if (v >= nstore) continue;
         PT out = zero_pack<T, VEC>();
         if (v < r.nload) {
@@ -400,8 +424,9 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
       PT yv[NV], gv[NV];
       load_chunk(0, yv, gv);
       if constexpr (kPrefetch) prefetch_rows(rb + gridDim.x);
-      const float dot = group_allreduce<TPR, ROWS>(Sum1{dot_chunk(0, yv, gv, 0.f)}, scratch).a;
-      store_chunk(0, yv, gv, dot);
+      Sum1 dot = group_allreduce<TPR, ROWS>(Sum1{dot_chunk(0, yv, gv, 0.f)}, scratch);
+      dot = cluster_allreduce<kCl, ROWS>(dot, cscratch, calls++, 0, threadIdx.x == 0);
+      store_chunk(0, yv, gv, dot.a);
     } else {
       float s = 0.f;
       const int load_chunks = (r.nload + kChunk - 1) / kChunk;
@@ -420,6 +445,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
       }
     }
   }
+  cluster_exit<kCl>();
 }
 
 }  // namespace rtcnorm

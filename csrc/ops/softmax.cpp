@@ -257,6 +257,7 @@ at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at:
   prob.cols = d.cols;
   prob.max_vec = vec;
   prob.kind = softmax_kind(op);
+  prob.sq = d.sq;
   int64_t inner = 1, bcast = 1;
   prob.mask_bcast = m.defined() && mask_broadcast_split(prm.mask_rows, d.rows, &inner, &bcast);
   prob.bcast = bcast;
@@ -297,6 +298,7 @@ at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at:
   prob.cols = d.cols;
   prob.max_vec = vec;
   prob.kind = causal ? kSoftmaxCausal : kSoftmaxPlain;
+  prob.sq = d.sq;
   prob.backward = true;
 
   prm.y = y.data_ptr();

@@ -75,6 +75,24 @@ constexpr int kLongMaskedThreads = 128;
 // Past this many threads a row group needs barriers; up to kMaxRegs per thread
 // a warp per row is preferred (shuffles only).
 constexpr int kWarp = 32;
+// Grids of at most one row per SM (decode). Each row takes a CTA of its
+// own, spread over threads at the register target with no warp preference,
+// and the forward's target drops to kFewRowsFwdRegs: a lone CTA on its SM
+// has nothing else in flight, and its time is the serial chain of one
+// thread's loads, exponentials and reduction (H100 kernel-only,
+// benchmarks/NOTES.md entry 49: 32 rows of 2048 bf16, packed 8 to a CTA
+// 4.45 us, a row per CTA at 4 vectors a thread 3.23, at 2 2.75; masked rows
+// of 4096 4.53 -> 3.50). With at most an eighth as many rows
+// as SMs, rows of kMinClusterRowVecs vectors or more (sm_90+) split over a
+// cluster of up to kMaxRowCluster CTAs, keeping kMinClusterSliceVecs or more
+// each (entry 49: 8 rows of 32768 forward 6.80 -> 4.80 us, backward 5.44 ->
+// 4.08; 8 of 65536 12.2 -> 5.5 and 13.9 -> 5.4; but 16 rows of 16384 lost
+// 0.3 us backward and 32 rows of 8192 0.6-0.8 us: the cluster launch and
+// barrier cost more than a 32 KB row's loads take).
+constexpr int kFewRowsFwdRegs = 8;
+constexpr int kMaxRowCluster = 8;
+constexpr int64_t kMinClusterRowVecs = 4096;
+constexpr int64_t kMinClusterSliceVecs = 256;
 
 bool switch_on(int override_value, bool rule) { return override_value > 0 ? override_value == 2 : rule; }
 
@@ -96,6 +114,34 @@ int max_cached_threads() { return pick(softmax_tuning().cache_threads, env_cache
 
 int choose_vec(const SoftmaxProblem& p) { return widest_vec(p.dtype, p.max_vec, p.cols); }
 
+// Causal rows of a single query (decode, sq == 1) see every key: they run
+// the plain kernels, without the per-element causal tests.
+SoftmaxKind planned_kind(const SoftmaxProblem& p) {
+  return p.kind == kSoftmaxCausal && p.sq == 1 ? kSoftmaxPlain : p.kind;
+}
+
+// Threads per row for `nvec` vectors at target_nv (at most max_nv) vectors a
+// thread: a warp where it fits within max_nv, at most cta_threads otherwise.
+int64_t threads_per_row(int64_t nvec, int target_nv, int max_nv, int cta_threads) {
+  int64_t tpr = pow2_ceil(ceil_div(nvec, target_nv));
+  if (tpr > kWarp && ceil_div(nvec, kWarp) <= max_nv) tpr = kWarp;
+  if (tpr > cta_threads) tpr = std::max<int64_t>(cta_threads, pow2_ceil(ceil_div(nvec, max_nv)));
+  return tpr;
+}
+
+// CTAs per cluster splitting each of a few-row grid's rows of `nvec`
+// vectors (1: no cluster); an override forces its size on any few-row grid.
+int row_cluster(const SoftmaxProblem& p, int64_t nvec, int arch) {
+  const SoftmaxTuning& t = softmax_tuning();
+  const int forced = p.backward ? t.bwd_cluster : t.fwd_cluster;
+  if (arch < 90 || forced == 1) return 1;
+  if (forced > 1) return nvec >= forced ? forced : 1;
+  if (p.rows * kMaxRowCluster > p.sm_count || nvec < kMinClusterRowVecs) return 1;
+  int cl = 1;
+  while (cl < kMaxRowCluster && p.rows * cl * 2 <= p.sm_count && nvec / (cl * 2) >= kMinClusterSliceVecs) cl *= 2;
+  return cl;
+}
+
 // A cached grid of at most one CTA per SM (decode: a few rows), which takes
 // launch bounds of one.
 bool one_wave_grid(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
@@ -112,6 +158,7 @@ const KernelFamily kSoftmaxBwd{"softmax_bwd", "softmax.cuh",
 SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   const SoftmaxTuning& t = softmax_tuning();
   const bool bwd = p.backward;
+  const SoftmaxKind kind = planned_kind(p);
   const int vec = choose_vec(p);
   const int tensors = bwd ? 2 : 1;
   const int regs_per_vec = tensors * std::max(1, vec * jit::element_size(p.dtype) / 4);
@@ -119,9 +166,11 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   // Full-row backward (not causal) in kBwdCtaThreads CTAs; rows of up to
   // kBwdShortVecs 16-byte vectors take one vector of y and one of dy per
   // thread, so a row spreads over up to 256 threads.
-  const bool full_bwd = bwd && p.kind != kSoftmaxCausal;
+  const bool full_bwd = bwd && kind != kSoftmaxCausal;
   const bool bwd_short = full_bwd && vec * jit::element_size(p.dtype) == 16 && nvec <= kBwdShortVecs;
-  const int target_regs = pick(bwd ? t.bwd_target_regs : t.fwd_target_regs, bwd_short ? regs_per_vec : kTargetRegs);
+  const bool few_rows = switch_on(t.few_rows, p.sm_count > 0 && p.rows <= p.sm_count);
+  const int rule_regs = bwd_short ? regs_per_vec : (few_rows && !bwd ? kFewRowsFwdRegs : kTargetRegs);
+  const int target_regs = pick(bwd ? t.bwd_target_regs : t.fwd_target_regs, rule_regs);
   const int max_regs =
       std::max(target_regs, pick(bwd ? t.bwd_max_regs : t.fwd_max_regs, bwd_short ? regs_per_vec : kMaxRegs));
   int cta_threads = pick(bwd ? t.bwd_cta_threads : t.fwd_cta_threads, full_bwd ? kBwdCtaThreads : kCtaThreads);
@@ -131,18 +180,31 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   // (sq rows apart, the heads' mask re-reads miss L2 from sk = 4096 up), and
   // a row takes a CTA of its own with at least 128 threads: 69-73% -> 78-85%
   // of copy.
-  const bool long_masked = !bwd && p.kind == kSoftmaxMasked && p.mask_bcast && p.cols >= kLongMaskedCols;
+  const bool long_masked = !bwd && kind == kSoftmaxMasked && p.mask_bcast && p.cols >= kLongMaskedCols;
   // Forward rows of single elements spill past 8 per thread (each element is
   // predicated, masked and exponentiated on its own).
   const int max_nv = std::min(std::max(1, max_regs / regs_per_vec), !bwd && vec == 1 ? 8 : 32);
   const int target_nv = std::min(max_nv, std::max(1, target_regs / regs_per_vec));
 
-  int64_t tpr = pow2_ceil(ceil_div(nvec, target_nv));
-  if (tpr > kWarp && ceil_div(nvec, kWarp) <= max_nv) tpr = kWarp;
-  if (tpr > cta_threads) tpr = std::max<int64_t>(cta_threads, pow2_ceil(ceil_div(nvec, max_nv)));
-  if (long_masked && t.fwd_target_regs == 0 && t.fwd_cta_threads == 0) {
+  // Few rows (see kMaxRowCluster): a CTA per row, or a cluster of CTAs
+  // each holding a slice of it as if it were the row. Clusters run one row
+  // block per launch slot, so a forced persistent grid or mask reuse run
+  // (its own row order) keeps whole-CTA rows.
+  const bool persistent_forced = switch_on(bwd ? t.bwd_persistent : t.fwd_persistent, false);
+  const bool reuse_forced = t.reuse_run > 0 || t.mask_reuse == 2;
+  int cl = few_rows && !persistent_forced && !reuse_forced ? row_cluster(p, nvec, arch) : 1;
+  auto spread_threads = [&](int64_t vecs) {
+    const int64_t n = std::clamp<int64_t>(pow2_ceil(ceil_div(vecs, target_nv)), 1, cta_threads);
+    return std::max<int64_t>(n, pow2_ceil(ceil_div(vecs, max_nv)));
+  };
+  int64_t tpr = few_rows ? spread_threads(ceil_div(nvec, cl)) : threads_per_row(nvec, target_nv, max_nv, cta_threads);
+  if (!few_rows && long_masked && t.fwd_target_regs == 0 && t.fwd_cta_threads == 0) {
     tpr = std::max<int64_t>(kLongMaskedThreads, pow2_ceil(ceil_div(nvec, max_nv)));
     cta_threads = static_cast<int>(std::min<int64_t>(tpr, kCtaThreads));
+  }
+  if (cl > 1 && tpr > max_cached_threads()) {  // a slice too long to cache: stream whole rows
+    cl = 1;
+    tpr = spread_threads(nvec);
   }
 
   SoftmaxPlan plan;
@@ -151,14 +213,14 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   if (plan.cached) {
     // Rounded up to a power of two: one kernel serves every length in
     // (capacity / 2, capacity], so growing lengths reuse kernels.
-    nv = static_cast<int>(pow2_ceil(ceil_div(nvec, tpr)));
-    rows = tpr < cta_threads ? static_cast<int>(cta_threads / tpr) : 1;
+    nv = static_cast<int>(pow2_ceil(ceil_div(ceil_div(nvec, cl), tpr)));
+    rows = tpr < cta_threads && !few_rows ? static_cast<int>(cta_threads / tpr) : 1;
   } else {
     tpr = pick(t.stream_threads, kStreamThreads);
     nv = std::min(32, std::max(1, pick(t.stream_regs, kStreamRegs) * tensors / regs_per_vec));
     rows = 1;
   }
-  plan.persistent = !plan.cached || switch_on(bwd ? t.bwd_persistent : t.fwd_persistent, false);
+  plan.persistent = !plan.cached || persistent_forced;
   plan.ctas_per_sm = pick(t.ctas_per_sm, plan.cached ? 0 : kStreamCtasPerSm);
   plan.row_blocks = ceil_div(p.rows, rows);
 
@@ -184,14 +246,14 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
   // 19.15 -> 19.78 us), as the norm forward found (entry 27).
   const int64_t input_bytes = p.rows * p.cols * jit::element_size(p.dtype);
   if (switch_on(bwd ? t.bwd_l1_alloc : t.fwd_l1_alloc, input_bytes >= kL1AllocMinInputBytes)) opts |= kSoftmaxL1Alloc;
-  if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && switch_on(t.mask_order, long_masked))
+  if (!bwd && kind == kSoftmaxMasked && p.mask_bcast && switch_on(t.mask_order, long_masked))
     opts |= kSoftmaxHeadsInner;
   // A mask broadcast over a dim (heads): each row group loads its mask row's
   // bits once and applies them to a run of the rows sharing it.
   int64_t per = std::min<int64_t>({p.bcast, kReuseRun, plan.row_blocks / kReuseBlocks});
   const bool reuse_rule = p.cols >= kReuseCols && per >= 2;
   if (t.reuse_run > 0) per = std::min<int64_t>(p.bcast, t.reuse_run);
-  if (!bwd && p.kind == kSoftmaxMasked && p.mask_bcast && p.bcast > 1 && plan.cached &&
+  if (!bwd && kind == kSoftmaxMasked && p.mask_bcast && p.bcast > 1 && plan.cached && cl == 1 &&
       switch_on(t.mask_reuse, reuse_rule || t.reuse_run > 0)) {
     const int64_t mask_blocks = ceil_div(p.rows / p.bcast, rows);
     per = std::max<int64_t>(1, per);
@@ -199,32 +261,34 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
     plan.row_blocks = mask_blocks * plan.reuse_splits;
     opts = (opts & ~kSoftmaxPrefetch) | kSoftmaxHeadsInner | kSoftmaxMaskReuse;
   }
+  opts |= static_cast<unsigned>(log2_of_pow2(cl)) << kSoftmaxClusterShift;
 
   KernelKey k;
   k.family = p.backward ? &kSoftmaxBwd : &kSoftmaxFwd;
   k.dtype = p.dtype;
   k.wdtype = p.dtype;
-  k.hidden = plan.cached ? static_cast<int32_t>(tpr * nv * vec) : 0;
+  k.hidden = plan.cached ? static_cast<int32_t>(cl * tpr * nv * vec) : 0;
   k.vec = static_cast<int16_t>(vec);
   k.threads_per_row = static_cast<int16_t>(tpr);
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
   k.flags =
       (plan.cached ? kCachedFlag : 0u) | (opts << kOptsShift) | (static_cast<unsigned>(min_blocks) << kMinBlocksShift);
-  k.variant = static_cast<int16_t>(p.backward ? (p.kind == kSoftmaxCausal ? 1 : 0) : p.kind);
+  k.variant = static_cast<int16_t>(p.backward ? (kind == kSoftmaxCausal ? 1 : 0) : kind);
   k.arch = static_cast<int16_t>(arch);
+  k.cluster = static_cast<int16_t>(cl);
   plan.key = k;
   return plan;
 }
 
 int64_t softmax_grid(const SoftmaxPlan& plan, int sm_count, int blocks_per_sm) {
-  if (!plan.persistent) return plan.row_blocks;
+  if (!plan.persistent) return plan.row_blocks * plan.key.cluster;
   const int per_sm = std::max(1, plan.ctas_per_sm > 0 ? std::min(blocks_per_sm, plan.ctas_per_sm) : blocks_per_sm);
   return std::max<int64_t>(1, std::min<int64_t>(plan.row_blocks, int64_t(sm_count) * per_sm));
 }
 
 std::string describe_grid(const SoftmaxPlan& plan) {
-  if (!plan.persistent) return std::to_string(plan.row_blocks);
+  if (!plan.persistent) return std::to_string(plan.row_blocks * plan.key.cluster);
   return plan.ctas_per_sm > 0 ? "SMs x min(occupancy, " + std::to_string(plan.ctas_per_sm) + ")" : "SMs x occupancy";
 }
 
@@ -236,7 +300,13 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
     os << "row of " << p.cols << " kept in registers (" << data << " read once): " << k.threads_per_row
        << " threads per row, " << k.vecs_per_thread << " vectors of " << k.vec << " per thread, " << k.rows_per_cta
        << " rows per CTA; kernel serves rows of up to " << k.hidden << " elements; grid = "
-       << (plan.persistent ? describe_grid(plan) + ", CTAs stride over row blocks" : "one CTA per row block");
+       << (plan.persistent ? describe_grid(plan) + ", CTAs stride over row blocks"
+           : k.cluster > 1 ? "one cluster per row block"
+                           : "one CTA per row block");
+    if (k.cluster > 1)
+      os << "; row split across a cluster of " << k.cluster << " CTAs, each holding interleaved pieces of "
+         << k.threads_per_row << " vectors (" << k.hidden / k.cluster
+         << " elements of the row), statistics merged through distributed shared memory";
   } else {
     os << "row of " << p.cols << " exceeds the register cache (" << max_cached_threads()
        << " threads per row): streamed in chunks of " << k.threads_per_row * k.vecs_per_thread * k.vec << " elements, "
@@ -256,7 +326,10 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan) {
        << " rows sharing it (" << plan.reuse_splits << (plan.reuse_splits == 1 ? " run" : " runs") << " per mask row)";
   else if (opts & kSoftmaxHeadsInner)
     os << "; rows sharing a mask row taken consecutively";
-  if (p.kind == kSoftmaxCausal) os << "; causal: keys past the diagonal are neither read nor computed";
+  if (planned_kind(p) == kSoftmaxCausal)
+    os << "; causal: keys past the diagonal are neither read nor computed";
+  else if (p.kind == kSoftmaxCausal)
+    os << "; causal with a single query: every key is visible, so the plain kernel runs";
   return os.str();
 }
 
@@ -290,6 +363,9 @@ const SoftmaxTunable kSoftmaxTunables[] = {
     {"cache_threads", &SoftmaxTuning::cache_threads, 32, 1024, true},
     {"stream_regs", &SoftmaxTuning::stream_regs, 1, 64, false},
     {"stream_threads", &SoftmaxTuning::stream_threads, 32, 1024, true},
+    {"few_rows", &SoftmaxTuning::few_rows, 1, 2, false},
+    {"fwd_cluster", &SoftmaxTuning::fwd_cluster, 1, 8, true},
+    {"bwd_cluster", &SoftmaxTuning::bwd_cluster, 1, 8, true},
 };
 const int kNumSoftmaxTunables = static_cast<int>(sizeof(kSoftmaxTunables) / sizeof(kSoftmaxTunables[0]));
 
@@ -329,14 +405,21 @@ std::vector<KernelKey> softmax_keys(SoftmaxKind kind, DType dtype, int64_t cols,
   }
   p.backward = true;
   keys.push_back(plan_softmax(p, arch).key);
-  // A decode-sized grid (32 rows on 132 SMs): its own launch bounds, and
-  // loads around L1 where the large grid's go through it.
-  p.rows = 32;
+  // Decode-sized grids on 132 SMs: 32 rows (a CTA per row, its own launch
+  // bounds, loads around L1 where the large grid's go through it) and 8 rows
+  // (long ones split over clusters); causal ones also with a single query,
+  // which runs the plain kernels.
   p.sm_count = 132;
-  for (bool backward : {false, true}) {
-    p.backward = backward;
-    keys.push_back(plan_softmax(p, arch).key);
-  }
+  for (int64_t rows : {32, 8})
+    for (int64_t sq : {int64_t{0}, int64_t{1}})
+      for (bool backward : {false, true}) {
+        if (sq == 1 && kind != kSoftmaxCausal) continue;
+        p.rows = rows;
+        p.sq = sq;
+        p.backward = backward;
+        const KernelKey k = plan_softmax(p, arch).key;
+        if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+      }
   return keys;
 }
 

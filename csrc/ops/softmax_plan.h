@@ -18,6 +18,9 @@ struct SoftmaxProblem {
   int64_t cols = 0;                  // sk
   int max_vec = 1;                   // widest access every pointer and stride allows (elements)
   SoftmaxKind kind = kSoftmaxPlain;  // forward; the backward only asks "causal or not"
+  // Causal rows: queries per (sq x sk) matrix (0: unknown). A single query
+  // sees every key, so it runs the plain kernels.
+  int64_t sq = 0;
   bool backward = false;
   // Masked forward: the mask is constant along a dim that has rows of its
   // own below it (e.g. (b, 1, sq, sk) against (b, h, sq, sk)).

@@ -60,6 +60,14 @@ struct SoftmaxTuning {
   // Streamed rows: registers per thread and tensor of one chunk, CTA size.
   int stream_regs = 0;
   int stream_threads = 0;
+  // Few-row grids (rule: at most one row per SM): a CTA per row, threads
+  // spread at the register target (see softmax_plan.cpp).
+  int few_rows = 0;
+  // CTAs of a thread-block cluster that split each row of a few-row grid
+  // (sm_90+, not persistent): 1 = never, 2 / 4 / 8 = that many (rule: at
+  // most an eighth as many rows as SMs, rows of 2048 vectors or more).
+  int fwd_cluster = 0;
+  int bwd_cluster = 0;
 };
 
 SoftmaxTuning& softmax_tuning();

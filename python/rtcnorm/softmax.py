@@ -148,7 +148,9 @@ def explain(
     widest vector access), as freshly allocated ones are. ``mask_shape``
     (scaled_masked_softmax) tells whether the mask is broadcast over a dim
     such as heads. The plan is made for ``sm_count`` SMs (132: H100 SXM);
-    it matters only to grids of fewer row blocks than SMs. Needs no GPU.
+    it matters only to grids of at most one row per SM (decode), which take
+    a CTA per row, or on sm_90+ split long rows over a thread-block cluster
+    (the ``cluster`` field). Needs no GPU.
     """
     shape = [int(s) for s in shape]
     if not shape:
@@ -160,4 +162,5 @@ def explain(
     from . import _C
 
     arch_number = int(str(arch).lower().removeprefix("sm_"))
-    return _C.explain_softmax(op, rows, shape[-1], dtype_name(dtype), arch_number, bcast, int(sm_count))
+    sq = shape[-2] if len(shape) >= 2 else 0
+    return _C.explain_softmax(op, rows, shape[-1], dtype_name(dtype), arch_number, bcast, int(sm_count), sq)

@@ -59,6 +59,9 @@ enum SoftmaxKind : int {
 //   nothing in the kernel reads it again.
 // - kSoftmaxL1Alloc: x (or y and dy) load through L1 (allocating) rather
 //   than around it.
+// - kSoftmaxClusterBits (cached rows of one CTA each, sm_90+): log2 of the
+//   CTAs of a thread-block cluster that split every row between them; their
+//   row statistics meet in distributed shared memory (common/cluster.cuh).
 enum SoftmaxOpt : unsigned {
   kSoftmaxKeepExp = 1u,
   kSoftmaxPrefetch = 2u,
@@ -66,7 +69,9 @@ enum SoftmaxOpt : unsigned {
   kSoftmaxMaskReuse = 8u,
   kSoftmaxStreamStore = 16u,
   kSoftmaxL1Alloc = 32u,
+  kSoftmaxClusterBits = 3u << 6,
 };
+constexpr int kSoftmaxClusterShift = 6;
 
 struct SoftmaxFwdParams {
   const void* x;
