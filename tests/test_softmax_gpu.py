@@ -164,8 +164,10 @@ def test_gpu_few_rows_split_over_clusters(op, shape, cluster, dtype):
         mask[1] = True  # the second batch's rows are fully masked
     with _tuning.softmax_override(fwd_cluster=cluster, bwd_cluster=cluster):
         plan = rtcnorm.softmax.explain(op, shape, dtype, mask_shape=None if mask is None else mask.shape)
-        assert plan["forward"]["cluster"] == cluster and plan["backward"]["cluster"] == cluster, plan
-        assert plan["forward"]["grid"] == cluster * x.numel() // shape[-1], plan
+        assert plan["forward"]["cluster"] == cluster, plan
+        for e in (plan["forward"], plan["backward"]):  # a slice too long to cache streams whole rows
+            assert e["cluster"] == cluster or not e["cached_row"], e
+            assert e["cluster"] == 1 or e["grid"] == cluster * x.numel() // shape[-1], e
         y = check_op(op, x, mask)
     with _tuning.softmax_override(fwd_cluster=1, bwd_cluster=1):
         y1 = call(op, x, mask, 0.37)
