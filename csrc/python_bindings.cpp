@@ -256,7 +256,7 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
     e["reason"] = describe_plan(p, plan);
     e["cached_row"] = plan.cached;
     e["persistent"] = plan.persistent;
-    e["grid"] = plan.persistent ? py::cast(describe_grid(plan)) : py::cast(plan.row_blocks * plan.key.cluster);
+    e["grid"] = plan.persistent ? py::cast(describe_grid(plan)) : py::cast(fixed_grid(plan));
     d[backward ? "backward" : "forward"] = e;
   }
   d["op"] = op;

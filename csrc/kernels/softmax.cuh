@@ -103,6 +103,13 @@ __device__ __forceinline__ SoftmaxRow softmax_row(int rb, const FastDiv& sq, int
   return r;
 }
 
+// Vector i of chunk c of a thread's row (see the thread layout above; a
+// cached row is chunk 0, the only one a cluster's rows have).
+template <int TPR, int NV, int CL>
+__device__ __forceinline__ int row_vector(int c, int i, int lane, int rank) {
+  return CL == 1 ? (c * NV + i) * TPR + lane : (i * CL + rank) * TPR + lane;
+}
+
 template <typename T, int VEC, int TPR, int ROWS, int NV, int KIND, bool CACHED, int MINB, unsigned OPTS>
 __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdParams p) {
   using PT = Pack<T, VEC>;
@@ -124,8 +131,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   const int lane = threadIdx.x % TPR;
   const int rank = cluster_rank<kCl>();
   int calls = 0;  // cluster_allreduce calls so far (slot parity)
-  // Vector i of chunk c of this thread's row (a cached row is chunk 0).
-  auto vidx = [&](int c, int i) { return kCl == 1 ? c * kChunk + i * TPR + lane : (i * kCl + rank) * TPR + lane; };
+  auto vidx = [&](int c, int i) { return row_vector<TPR, NV, kCl>(c, i, lane, rank); };
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   const int nvec = p.cols / VEC;
@@ -353,7 +359,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
   const int lane = threadIdx.x % TPR;
   const int rank = cluster_rank<kCl>();
   int calls = 0;
-  auto vidx = [&](int c, int i) { return kCl == 1 ? c * kChunk + i * TPR + lane : (i * kCl + rank) * TPR + lane; };
+  auto vidx = [&](int c, int i) { return row_vector<TPR, NV, kCl>(c, i, lane, rank); };
   const T* y = static_cast<const T*>(p.y);
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);

@@ -282,13 +282,13 @@ SoftmaxPlan plan_softmax(const SoftmaxProblem& p, int arch) {
 }
 
 int64_t softmax_grid(const SoftmaxPlan& plan, int sm_count, int blocks_per_sm) {
-  if (!plan.persistent) return plan.row_blocks * plan.key.cluster;
+  if (!plan.persistent) return fixed_grid(plan);
   const int per_sm = std::max(1, plan.ctas_per_sm > 0 ? std::min(blocks_per_sm, plan.ctas_per_sm) : blocks_per_sm);
   return std::max<int64_t>(1, std::min<int64_t>(plan.row_blocks, int64_t(sm_count) * per_sm));
 }
 
 std::string describe_grid(const SoftmaxPlan& plan) {
-  if (!plan.persistent) return std::to_string(plan.row_blocks * plan.key.cluster);
+  if (!plan.persistent) return std::to_string(fixed_grid(plan));
   return plan.ctas_per_sm > 0 ? "SMs x min(occupancy, " + std::to_string(plan.ctas_per_sm) + ")" : "SMs x occupancy";
 }
 

@@ -49,6 +49,9 @@ std::string describe_plan(const SoftmaxProblem& p, const SoftmaxPlan& plan);
 // the rows in flight (SMs x cap x row bytes) well inside L2.
 constexpr int kStreamCtasPerSm = 2;
 
+// The grid of a plan that is not persistent: a CTA, or a cluster of them,
+// per row block.
+inline int64_t fixed_grid(const SoftmaxPlan& plan) { return plan.row_blocks * plan.key.cluster; }
 int64_t softmax_grid(const SoftmaxPlan& plan, int sm_count, int blocks_per_sm);
 // The grid as explain() shows it before a kernel is loaded.
 std::string describe_grid(const SoftmaxPlan& plan);

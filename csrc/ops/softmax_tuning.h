@@ -65,7 +65,7 @@ struct SoftmaxTuning {
   int few_rows = 0;
   // CTAs of a thread-block cluster that split each row of a few-row grid
   // (sm_90+, not persistent): 1 = never, 2 / 4 / 8 = that many (rule: at
-  // most an eighth as many rows as SMs, rows of 2048 vectors or more).
+  // most an eighth as many rows as SMs, rows of 4096 vectors or more).
   int fwd_cluster = 0;
   int bwd_cluster = 0;
 };
