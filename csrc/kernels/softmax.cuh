@@ -50,7 +50,7 @@ __device__ __forceinline__ void logits(const Pack<T, VEC>& xv, unsigned mbits, i
                                        float (&z)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    float v = fmaf(to_float(xv.e[j]), s2, -off);
+    float v = fmaf(elem_float(xv, j), s2, -off);
     if (KIND == kSoftmaxMasked && ((mbits >> j) & 1u) != 0) v = neg_inf();
     if (KIND == kSoftmaxCausal && col + j >= len) v = neg_inf();
     z[j] = v;
@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
         if (v >= r.nload) continue;
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
-          if (!hidden(v, j)) s = fmaf(to_float(gv[i].e[j]), to_float(yv[i].e[j]), s);
+          if (!hidden(v, j)) s = fmaf(elem_float(gv[i], j), elem_float(yv[i], j), s);
       }
       return s;
     };
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
         if (v < r.nload) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j)
-            if (!hidden(v, j)) out.e[j] = from_float<T>(to_float(yv[i].e[j]) * p.scale * (to_float(gv[i].e[j]) - dot));
+            if (!hidden(v, j)) out.e[j] = from_float<T>(elem_float(yv[i], j) * p.scale * (elem_float(gv[i], j) - dot));
         }
         store<T, VEC, kCs>(dx, yoff + 1LL * v * VEC, out);
       }

@@ -69,12 +69,44 @@ struct BwdLayout {
   static constexpr int kBundles = TPR < 32 ? (TPR * ROWS) / 32 : ROWS;
 };
 
+// The staging ring (kStagedRow) of one row group: stage s, tensor t (x, dy,
+// dh) of the group's row is at(s, t)[v] for the group's vectors v. Stages
+// hold ROWS rows each (the CTA's row groups side by side).
+template <typename T, int VEC, int TPR, int ROWS, int NV, int VECS, int TENSORS>
+struct StagingRing {
+  using PT = Pack<T, VEC>;
+  PT* group_base;  // the dynamic shared memory + group * VECS vectors
+
+  __device__ __forceinline__ PT* at(int stage, int tensor) const {
+    return group_base + (stage * TENSORS + tensor) * ROWS * VECS;
+  }
+
+  // Starts the copies of this thread's vectors of one row into `stage` (none
+  // when !live; x at element offset xo, dy and dh at go) and closes the
+  // thread's group of copies, so every thread commits one group per call.
+  __device__ __forceinline__ void fill(int stage, bool live, const T* x, const T* dy, const T* dh, long long xo,
+                                       long long go, int lane) const {
+    if (live) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * TPR + lane;
+        if (VECS % (TPR * NV) != 0 && v >= VECS) continue;
+        cp_async(at(stage, 0) + v, reinterpret_cast<const PT*>(x + xo) + v);
+        cp_async(at(stage, 1) + v, reinterpret_cast<const PT*>(dy + go) + v);
+        if constexpr (TENSORS == 3) cp_async(at(stage, 2) + v, reinterpret_cast<const PT*>(dh + go) + v);
+      }
+    }
+    cp_async_commit();
+  }
+};
+
 template <typename W, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void load_gamma(const void* weight, int vec_index, float (&g)[VEC]) {
   if constexpr ((FLAGS & kHasWeight) != 0) {
-    const Pack<W, VEC> w = load_cached<W, VEC>(static_cast<const W*>(weight), 1LL * vec_index * VEC);
+    float w[VEC];
+    to_floats<W, VEC>(load_cached<W, VEC>(static_cast<const W*>(weight), 1LL * vec_index * VEC), w);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(w.e[j]) : to_float(w.e[j]);
+    for (int j = 0; j < VEC; ++j) g[j] = (FLAGS & kZeroCentered) ? 1.f + w[j] : w[j];
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) g[j] = 1.f;
@@ -83,29 +115,33 @@ __device__ __forceinline__ void load_gamma(const void* weight, int vec_index, fl
 
 // One vector's per-element terms, xhat = (x - mean) * rstd (mean 0 for
 // RMSNorm) and wdy = w * dy, added to the row sums the input gradient needs:
-// s.a += sum(wdy * xhat), s.b += sum(wdy). Every use (both backward designs,
+// s.a += sum(wdy * xhat), and for LayerNorm s.b += sum(wdy) (RMSNorm's dx has
+// no mean(wdy) term; its s.b stays 0). Every use (both backward designs,
 // both passes) goes through it, so the sums and dx see the same bits.
 // __fmul_rn keeps wdy a rounded product (never contracted into an FMA), so
 // for LayerNorm rows of one element wdy - mean(wdy) is exactly 0.
-template <typename T, int VEC>
+template <int KIND, typename T, int VEC>
 __device__ __forceinline__ void element_terms(const Pack<T, VEC>& xv, const Pack<T, VEC>& dv, const float (&g)[VEC],
                                               float mean, float rstd, Sum2& s, float (&xhat)[VEC], float (&wdy)[VEC]) {
+  float xf[VEC], df[VEC];
+  to_floats<T, VEC>(xv, xf);
+  to_floats<T, VEC>(dv, df);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    xhat[j] = (to_float(xv.e[j]) - mean) * rstd;
-    wdy[j] = __fmul_rn(to_float(dv.e[j]), g[j]);
+    xhat[j] = (xf[j] - mean) * rstd;
+    wdy[j] = __fmul_rn(df[j], g[j]);
     s.a = fmaf(wdy[j], xhat[j], s.a);
-    s.b += wdy[j];
+    if constexpr (KIND == kLayerNorm) s.b += wdy[j];
   }
 }
 
 // element_terms for vector v with its gamma loaded here, the terms dropped.
-template <typename T, typename W, int VEC, unsigned FLAGS>
+template <int KIND, typename T, typename W, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void add_row_terms(const void* weight, int v, const Pack<T, VEC>& xv, const Pack<T, VEC>& dv,
                                               float mean, float rstd, Sum2& s) {
   float g[VEC], xhat[VEC], wdy[VEC];
   load_gamma<W, VEC, FLAGS>(weight, v, g);
-  element_terms<T, VEC>(xv, dv, g, mean, rstd, s, xhat, wdy);
+  element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, s, xhat, wdy);
 }
 
 // Adds one cached vector's terms to the CTA's register sums: dW += dy * xhat,
@@ -114,10 +150,12 @@ __device__ __forceinline__ void add_row_terms(const void* weight, int v, const P
 template <typename T, int VEC, bool DW, bool DB>
 __device__ __forceinline__ void add_affine_grads(const Pack<T, VEC>& dv, const float (&xhat)[VEC], float (&dw)[VEC],
                                                  float (&db)[VEC]) {
+  float df[VEC];
+  to_floats<T, VEC>(dv, df);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    if constexpr (DW) dw[j] = fmaf(to_float(dv.e[j]), xhat[j], dw[j]);
-    if constexpr (DB) db[j] += to_float(dv.e[j]);
+    if constexpr (DW) dw[j] = fmaf(df[j], xhat[j], dw[j]);
+    if constexpr (DB) db[j] += df[j];
   }
 }
 
@@ -265,26 +303,14 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   float* pb = p.partial_b + cluster * N + col0;
 
   // The staging ring: stage s, tensor t (x, dy, dh) of this group's row.
-  constexpr int kTensors = kDh ? 3 : 2;
-  PT* const ring = reinterpret_cast<PT*>(smem) + group * kVecs;
-  const auto staged = [&](int stage, int tensor) { return ring + (stage * kTensors + tensor) * ROWS * kVecs; };
-  // Starts the copies of row block rb's row into `stage` (none past the end)
-  // and closes the group, so every thread commits one group per row block.
+  const StagingRing<T, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
+  const auto staged = [&](int stage, int tensor) { return ring.at(stage, tensor); };
+  // Starts the copies of row block rb's row into `stage` (none past the end).
   const auto stage_row = [&](long long rb, int stage) {
     if constexpr (kStaged) {  // (the lambda is compiled in every variant)
       const long long row = rb * ROWS + group;
-      if (rb < p.row_blocks && row < p.rows) {
-        const long long xo = row_offset(p.x_map, row) + col0, go = row * N + col0;
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          const int v = i * TPR + lane;
-          if (!(kEven || v < kVecs)) continue;
-          cp_async(staged(stage, 0) + v, reinterpret_cast<const PT*>(x + xo) + v);
-          cp_async(staged(stage, 1) + v, reinterpret_cast<const PT*>(dy + go) + v);
-          if constexpr (kDh) cp_async(staged(stage, 2) + v, reinterpret_cast<const PT*>(dh + go) + v);
-        }
-      }
-      cp_async_commit();
+      const bool live = rb < p.row_blocks && row < p.rows;
+      ring.fill(stage, live, x, dy, dh, live ? row_offset(p.x_map, row) + col0 : 0, row * N + col0, lane);
     }
   };
   int stage = 0;  // the ring stage of row block rb
@@ -377,10 +403,10 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
         if constexpr (kTerms) {
-          element_terms<T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xh[i], wd[i]);
+          element_terms<KIND, T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xh[i], wd[i]);
           add_affine_grads<T, VEC, kDw, kDb>(dv[i], xh[i], dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
         } else {
-          add_row_terms<T, W, VEC, FLAGS>(p.weight, vbase + v, xv[i], dv[i], mean, rstd, s);
+          add_row_terms<KIND, T, W, VEC, FLAGS>(p.weight, vbase + v, xv[i], dv[i], mean, rstd, s);
         }
         if constexpr (kRegs && !kTerms) {
           xc[i] = xv[i];
@@ -401,7 +427,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const PT xv = kStaged ? staged(stage, 0)[v] : xc[i];
         float xhat[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) xhat[j] = (to_float(xv.e[j]) - mean) * rstd;
+        for (int j = 0; j < VEC; ++j) xhat[j] = (elem_float(xv, j) - mean) * rstd;
         add_affine_grads<T, VEC, kDw, kDb>(kStaged ? staged(stage, 1)[v] : dyc[i], xhat, dw_acc[kDw ? i : 0],
                                            db_acc[kDb ? i : 0]);
       }
@@ -439,7 +465,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           float g[VEC];
           load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
           Sum2 summed_already = {0.f, 0.f};  // the first pass summed this vector's terms
-          element_terms<T, VEC>(xv, dv, g, mean, rstd, summed_already, xhat, wdy);
+          element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, summed_already, xhat, wdy);
         }
         float dhv[VEC];
         if constexpr (kDh) {
@@ -468,7 +494,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
               a = load_coherent<float, VEC>(pw, col);
             }
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) a.e[j] = fmaf(to_float(dv.e[j]), xhat[j], a.e[j]);
+            for (int j = 0; j < VEC; ++j) a.e[j] = fmaf(elem_float(dv, j), xhat[j], a.e[j]);
             store<float, VEC>(pw, col, a);
           }
           if constexpr (kDb) {
@@ -480,7 +506,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
               a = load_coherent<float, VEC>(pb, col);
             }
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) a.e[j] += to_float(dv.e[j]);
+            for (int j = 0; j < VEC; ++j) a.e[j] += elem_float(dv, j);
             store<float, VEC>(pb, col, a);
           }
         }

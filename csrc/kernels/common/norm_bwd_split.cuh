@@ -65,7 +65,7 @@ __device__ __forceinline__ void norm_bwd_coef(const NormBwdParams& p) {
     for (int i = 0; i < NV; ++i) {
       const int v = c * kChunk + i * TPR + lane;
       if (!(kEven || v < kVecs)) continue;
-      add_row_terms<T, W, VEC, FLAGS>(p.weight, v, xv[i], dv[i], mean, rstd, s);
+      add_row_terms<KIND, T, W, VEC, FLAGS>(p.weight, v, xv[i], dv[i], mean, rstd, s);
     }
   }
   s = group_allreduce<TPR, 1>(s, scratch);
@@ -124,12 +124,12 @@ __device__ __forceinline__ void norm_bwd_cols(const NormBwdParams& p) {
       const float c2 = KIND == kLayerNorm ? __ldg(p.row_coef + 2 * row + 1) : 0.f;
       float out[VEC], xhat[VEC], wdy[VEC];
       Sum2 summed_already = {0.f, 0.f};  // the coefficient kernel summed the terms
-      element_terms<T, VEC>(xv[u], dv[u], g, mean, rstd, summed_already, xhat, wdy);
+      element_terms<KIND, T, VEC>(xv[u], dv[u], g, mean, rstd, summed_already, xhat, wdy);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = to_float(dv[u].e[j]);
+        const float d = elem_float(dv[u], j);
         out[j] = rstd * (wdy[j] - c2 - xhat[j] * c1);
-        if constexpr (kDh) out[j] += to_float(hv[u].e[j]);
+        if constexpr (kDh) out[j] += elem_float(hv[u], j);
         if constexpr (kDw) dw[j] = fmaf(d, xhat[j], dw[j]);
         if constexpr (kDb) db[j] += d;
       }

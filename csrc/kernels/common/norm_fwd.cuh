@@ -57,7 +57,7 @@ struct NormStats<kRmsNorm> {
       if (!ok[i]) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float f = to_float(v[i].e[j]);
+        const float f = elem_float(v[i], j);
         s = fmaf(f, f, s);
       }
     }
@@ -82,7 +82,7 @@ struct NormStats<kLayerNorm> {
       if (!ok[i]) continue;
       ++vecs;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += to_float(v[i].e[j]);
+      for (int j = 0; j < VEC; ++j) s += elem_float(v[i], j);
     }
     if (vecs == 0) return empty();
     const float n = static_cast<float>(vecs * VEC);
@@ -93,7 +93,7 @@ struct NormStats<kLayerNorm> {
       if (!ok[i]) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = to_float(v[i].e[j]) - mean;
+        const float d = elem_float(v[i], j) - mean;
         m2 = fmaf(d, d, m2);
       }
     }
@@ -121,7 +121,7 @@ __device__ __forceinline__ void two_pass_stats(const Pack<T, VEC> (&row)[NV], bo
   for (int i = 0; i < NV; ++i) {
     if (!row_ok || i * TPR + lane >= VECS) continue;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) s.a += to_float(row[i].e[j]);
+    for (int j = 0; j < VEC; ++j) s.a += elem_float(row[i], j);
   }
   // A true division, not a product with a rounded 1 / N: a row of equal
   // values then gets their exact mean, and x - mean is 0 where rstd is
@@ -134,7 +134,7 @@ __device__ __forceinline__ void two_pass_stats(const Pack<T, VEC> (&row)[NV], bo
     if (!row_ok || i * TPR + lane >= VECS) continue;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float d = to_float(row[i].e[j]) - mean;
+      const float d = elem_float(row[i], j) - mean;
       q.a = fmaf(d, d, q.a);
     }
   }
@@ -181,8 +181,8 @@ __device__ __forceinline__ void affine_floats(const AffinePacks<W, VEC>& a, floa
     g[j] = 1.f;
     b[j] = 0.f;
     if constexpr ((FLAGS & kHasWeight) != 0)
-      g[j] = (FLAGS & kZeroCentered) ? 1.f + to_float(a.w.e[j]) : to_float(a.w.e[j]);
-    if constexpr ((FLAGS & kHasBias) != 0) b[j] = to_float(a.b.e[j]);
+      g[j] = (FLAGS & kZeroCentered) ? 1.f + elem_float(a.w, j) : elem_float(a.w, j);
+    if constexpr ((FLAGS & kHasBias) != 0) b[j] = elem_float(a.b, j);
   }
 }
 
@@ -311,7 +311,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
           const int v = c * kChunk + i * TPR + lane;
           const PT rv = load_nc<T, VEC, kPf, kAlloc>(res, roff + 1LL * v * VEC);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(to_float(xv[i].e[j]) + to_float(rv.e[j]));
+          for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(elem_float(xv[i], j) + elem_float(rv, j));
           store<T, VEC>(h, yoff + 1LL * v * VEC, xv[i]);
         }
       }
@@ -369,7 +369,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         }
         float out[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = fmaf((to_float(xv.e[j]) - mean) * rstd, g[j], b[j]);
+        for (int j = 0; j < VEC; ++j) out[j] = fmaf((elem_float(xv, j) - mean) * rstd, g[j], b[j]);
         store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
       }
     }

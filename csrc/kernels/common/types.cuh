@@ -18,6 +18,15 @@ struct fp16 {
   unsigned short bits;
 };
 
+template <typename T>
+struct is_bf16 {
+  static constexpr bool value = false;
+};
+template <>
+struct is_bf16<bf16> {
+  static constexpr bool value = true;
+};
+
 __device__ __forceinline__ float to_float(float v) { return v; }
 
 __device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }

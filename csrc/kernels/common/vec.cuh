@@ -206,10 +206,28 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory");
 }
 
+// Element j of a pack as a float. Two bf16 share a 32-bit register: the low
+// one is the word shifted up, the high one the word with its low half cleared
+// (one instruction each; element by element the high one took an extract and
+// a shift). Exact either way.
+template <typename T, int VEC>
+__device__ __forceinline__ float elem_float(const Pack<T, VEC>& p, int j) {
+  if constexpr (is_bf16<T>::value && VEC % 2 == 0) {
+    union {
+      Pack<T, VEC> pack;
+      unsigned w[VEC / 2];
+    } u;
+    u.pack = p;
+    return __uint_as_float((j & 1) != 0 ? u.w[j / 2] & 0xffff0000u : u.w[j / 2] << 16);
+  } else {
+    return to_float(p.e[j]);
+  }
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void to_floats(const Pack<T, VEC>& p, float (&f)[VEC]) {
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) f[i] = to_float(p.e[i]);
+  for (int i = 0; i < VEC; ++i) f[i] = elem_float(p, i);
 }
 
 template <typename T, int VEC>
