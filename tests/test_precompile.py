@@ -50,7 +50,7 @@ _NORM = re.compile(
     r"^rtcnorm::(?P<kernel>\w+)<(?P<t>[\w:]+), (?P<w>[\w:]+), (?P<n>\d+), (?P<vec>\d+), (?P<tpr>\d+), "
     r"(?P<rows>\d+), (?P<nv>\d+), (?P<flags>\d+)u, (?P<minb>\d+)> (?P<target>\S+) (?P<how>compiled|cached)$"
 )
-_REDUCE = re.compile(r"^rtcnorm::column_reduce<(?P<w>[\w:]+)> (?P<target>\S+) (?P<how>compiled|cached)$")
+_REDUCE = re.compile(r"^rtcnorm::column_reduce<(?P<w>[\w:]+), (?P<g>[14])> (?P<target>\S+) (?P<how>compiled|cached)$")
 TYPE_NAMES = {torch.float32: "float", torch.float16: "rtcnorm::fp16", torch.bfloat16: "rtcnorm::bf16"}
 
 
@@ -98,9 +98,12 @@ def compile_variants(op, ns, dtypes, modes, arch):
     assert len(set(norm_names)) == len(norm_names), "a kernel was listed twice"
     reducers = [ln for ln in lines if ln.startswith("rtcnorm::column_reduce<")]
     # dW/dB reducers for the input dtype, and for float32 weights beside 16-bit input.
-    assert {ln.split(">")[0] for ln in reducers} == {
+    # (Each thread of it reads 4 columns where every N is a multiple of 4.)
+    width = 4 if all(n % 4 == 0 for n in ns) else None
+    assert {ln.split(",")[0] for ln in reducers} == {
         f"rtcnorm::column_reduce<{TYPE_NAMES[w]}" for d in dtypes for w in {d, torch.float32}
     }
+    assert width is None or all(f", {width}>" in ln for ln in reducers), reducers
     return kernels
 
 

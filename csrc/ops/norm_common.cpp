@@ -367,9 +367,10 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
     rp.parts = static_cast<int>(parts);
     rp.cols = static_cast<int>(d.hidden);
     // dW and dB share a dtype (checked with the arguments).
-    const jit::KernelKey rk = column_reduce_key(p.wdtype, info.arch);
+    const jit::KernelKey rk = column_reduce_key(p.wdtype, d.hidden, info.arch);
     const jit::LoadedKernel& rkern = jit::get_kernel(rk, dev, stream, 0);
-    jit::launch(rkern, static_cast<unsigned>((d.hidden + 31) / 32), outputs, 32, 16, stream, &rp, plan.programmatic);
+    const int64_t col_threads = d.hidden / rk.vec;
+    jit::launch(rkern, static_cast<unsigned>((col_threads + 31) / 32), outputs, 32, 16, stream, &rp, plan.programmatic);
   }
   return out;
 }

@@ -24,7 +24,7 @@ std::string norm_expression(const char* kernel, const KernelKey& k) {
 }
 
 std::string column_reduce_expression(const KernelKey& k) {
-  return std::string("rtcnorm::column_reduce<") + jit::kernel_type_name(k.wdtype) + ">";
+  return std::string("rtcnorm::column_reduce<") + jit::kernel_type_name(k.wdtype) + ", " + std::to_string(k.vec) + ">";
 }
 
 // Launch-bounds CTAs per SM. Never a register cap below 64 per thread
@@ -1021,11 +1021,12 @@ int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why) {
   return cap;
 }
 
-KernelKey column_reduce_key(DType out, int arch) {
+KernelKey column_reduce_key(DType out, int64_t cols, int arch) {
   KernelKey k;
   k.family = &kColumnReduce;
   k.dtype = DType::kFloat32;
   k.wdtype = out;
+  k.vec = static_cast<int16_t>(column_reduce_width(cols));
   k.threads_per_row = 32;
   k.rows_per_cta = 16;
   k.arch = static_cast<int16_t>(arch);

@@ -69,7 +69,10 @@ struct NormBwdPlan {
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false);
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain = false);
-jit::KernelKey column_reduce_key(jit::DType out, int arch);
+// The dW / dB column reducer (column_reduce.cuh): each thread owns
+// column_reduce_width(cols) columns (4 where cols % 4 == 0, else 1).
+inline int column_reduce_width(int64_t cols) { return cols % 4 == 0 ? 4 : 1; }
+jit::KernelKey column_reduce_key(jit::DType out, int64_t cols, int arch);
 
 // The split backward's column-kernel grid: col_tiles x row_tiles CTAs, row
 // tiles of rows_per_tile rows; row_tiles is also the partial rows' count.

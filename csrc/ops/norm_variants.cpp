@@ -78,7 +78,7 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
             }
       }
     }
-    keys.push_back(column_reduce_key(wd, arch));
+    keys.push_back(column_reduce_key(wd, hidden, arch));
   }
   return keys;
 }
