@@ -81,6 +81,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_direct_grads", &NormTuning::bwd_direct_grads, 2},
     {"bwd_gamma_beside_row", &NormTuning::bwd_gamma_beside_row, 2},
     {"bwd_row_cluster", &NormTuning::bwd_row_cluster, 16},
+    {"bwd_defer_stats", &NormTuning::bwd_defer_stats, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -201,6 +202,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   const bool staged = (b.key.flags & kStagedRow) != 0;
   bd["staged"] = staged;
   bd["ring_stages"] = staged ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
+  bd["deferred_stats"] = (b.key.flags & kDeferStats) != 0;
   bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
   const bool direct = (b.key.flags & kDirectGrads) != 0;
   bd["direct_grads"] = direct;

@@ -314,6 +314,44 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
         check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
+@needs_clusters
+@pytest.mark.parametrize(
+    ("m", "n", "dtype", "cluster"),
+    [(2 * 132 + 5, 32768, torch.bfloat16, 0), (37, 65536, torch.float16, 0), (9, 131072, torch.bfloat16, 0),
+     (300, 20480, torch.bfloat16, 4), (131, 24576, torch.float16, 8), (3, 32768, torch.bfloat16, 8)],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_deferred_cluster_sums_change_no_bit(op, m, n, dtype, cluster, poison):
+    """Staged column-cluster rows whose cluster sums are collected one row
+    block late (kDeferStats) give bitwise the dx, dW and dB of the same
+    cluster meeting at every row block (both rings leave one CTA an SM, so
+    the grids match): the rule's cluster sizes and forced ones, a grid with
+    more clusters than row blocks, tail row blocks past M, float16. Both
+    match the reference, contiguous and strided."""
+    t = make(op, (m, n), dtype)
+    with _tuning.override(bwd_defer_stats=2, bwd_cluster=cluster):
+        cluster = rtcnorm.explain(op, (m, n), dtype)["backward"]["cluster"]
+    results = {}
+    for name, defer in (("met", 1), ("deferred", 2)):
+        with _tuning.override(bwd_defer_stats=defer, bwd_cluster=cluster):
+            plan = rtcnorm.explain(op, (m, n), dtype)["backward"]
+            assert plan["cluster"] > 1 and plan["staged"] and plan["deferred_stats"] == (defer == 2), plan
+            assert plan["ring_stages"] == (3 if defer == 2 else 2), plan
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[name] = run(op, t)
+            for _ in range(2):
+                again = run(op, t)
+                for key in again:
+                    assert torch.equal(again[key], results[name][key]), (name, key)
+            if name == "deferred":
+                check_contiguous_and_strided(
+                    op, m, n, dtype, "weight" if op == "rms_norm" else "weight_bias", None, poison
+                )
+    for key in results["met"]:
+        assert torch.equal(results["met"][key], results["deferred"][key]), key
+    check(op, results["deferred"], ref(op, t), m)
+
+
 @pytest.mark.parametrize(
     ("n", "dtype", "variant"),
     [(16384, torch.bfloat16, "weight"), (16384, torch.float16, "zero_centered"), (16384, torch.bfloat16, "mixed"),

@@ -117,14 +117,15 @@ def test_rms_norm_module_with_residual_returns_the_sum():
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "cluster", "bwd_cluster"),
     [
-        ("rms_norm", (512, 131072), torch.bfloat16, 8, 1),  # 256 KB rows: read once by 8 CTAs
-        ("layer_norm", (512, 131072), torch.bfloat16, 8, 1),  # (16-bit backward: the split design)
+        ("rms_norm", (512, 131072), torch.bfloat16, 8, 8),  # 256 KB rows: read once by 8 CTAs
+        ("layer_norm", (512, 131072), torch.bfloat16, 8, 8),  # (backward: deferred slices of 16384)
         ("layer_norm", (1024, 65536), torch.float32, 8, 8),
         ("rms_norm", (5, 262144), torch.float32, 8, 1),  # 8 slices of 32768 fp32 (backward: split design)
         ("rms_norm", (2048, 32768), torch.float32, 1, 4),  # one CTA caches the forward row
         ("rms_norm", (4096, 16384), torch.float32, 1, 2),  # float32 backward rows past 8192 elements
         ("layer_norm", (4096, 16384), torch.float32, 1, 2),
-        ("rms_norm", (2048, 32768), torch.bfloat16, 1, 8),  # 16-bit: staged slices of 4096
+        ("rms_norm", (2048, 32768), torch.bfloat16, 1, 4),  # 16-bit, one gradient: deferred slices of 8192
+        ("layer_norm", (2048, 32768), torch.bfloat16, 1, 8),  # two gradients: slices of 4096
         ("layer_norm", (4096, 16384), torch.bfloat16, 1, 4),
         ("layer_norm", (1024, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
         ("layer_norm", (4096, 8192), torch.float32, 1, 1),
@@ -366,7 +367,7 @@ def test_narrow_rmsnorm_rows_take_four_vectors_in_one_round(dtype, m, n, residua
      ("rms_norm", (4096, 16384), BF16, {}, False),  # 32 elements a thread
      ("rms_norm", (2048, 32768), BF16, {}, False),  # cluster slices of 32 elements a thread
      ("layer_norm", (32768, 128), BF16, {}, False), ("rms_norm", (65536, 256), BF16, {}, False),  # narrow
-     ("rms_norm", (512, 131072), BF16, {}, False)],  # split design: rows not cached
+     ("rms_norm", (512, 131072), BF16, {}, False), ("rms_norm", (64, 262144), BF16, {}, False)],  # split design
 )  # fmt: skip
 def test_backward_keeps_terms_between_passes_where_registers_allow(op, shape, dtype, kw, keep):
     """Cached backward rows of at most 16 elements a thread keep xhat, w*dy and
@@ -382,10 +383,18 @@ def test_backward_keeps_terms_between_passes_where_registers_allow(op, shape, dt
     for other in (off, on):
         # (gamma beside the row goes with the kept terms, and so does the
         # next-row prefetch of RMSNorm's one-row CTAs two per SM)
-        mask = ~(KEEP_TERMS | GAMMA_BESIDE_ROW | PREFETCH_NEXT)
+        # (and forced kept terms leave a deferred cluster exchange, entry 51,
+        # with its third ring stage)
+        mask = ~(KEEP_TERMS | GAMMA_BESIDE_ROW | PREFETCH_NEXT | DEFER_STATS | (3 << RING_EXTRA_SHIFT))
         assert kernel_flags(other["backward"]["kernel"]) & mask == kernel_flags(plan["kernel"]) & mask
         assert other["backward"]["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
-        assert (other["backward"]["block"], other["backward"]["smem"]) == (plan["block"], plan["smem"])
+        assert other["backward"]["block"] == plan["block"]
+        deferred = plan["deferred_stats"] and not other["backward"]["deferred_stats"]
+        assert (
+            (other["backward"]["smem"] == plan["smem"] // 3 * 2)
+            if deferred
+            else other["backward"]["smem"] == plan["smem"]
+        )
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -435,6 +444,45 @@ def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stage
 PREFETCH_AFFINE = 1 << 13
 STAGED_ROW = 1 << 16
 RING_EXTRA_SHIFT = 19
+DEFER_STATS = 1 << 29
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "kw", "arch", "cluster", "deferred"),
+    [("rms_norm", (2048, 32768), {}, "sm_90", 4, True),  # one gradient set: slices of 8192
+     ("rms_norm", (1024, 65536), {}, "sm_100", 8, True),
+     ("rms_norm", (512, 131072), {}, "sm_90", 8, True),  # slices of 16384 (was the split design)
+     ("rms_norm", (2048, 32768), {"residual": True}, "sm_90", 8, False),  # dh: three tensors, 3 stages do not fit
+     ("rms_norm", (512, 131072), {"residual": True}, "sm_90", 1, False),  # ... so the split design
+     ("rms_norm", (64, 262144), {}, "sm_90", 1, False),  # 32768-element slices do not cache: split
+     ("rms_norm", (2048, 32768), {}, "sm_80", 1, False),  # no clusters
+     ("layer_norm", (2048, 32768), {}, "sm_90", 8, False),  # dW and dB: slices of 4096, met every row block
+     ("layer_norm", (2048, 32768), {"bias": False}, "sm_90", 4, True),  # dW alone
+     ("layer_norm", (512, 131072), {}, "sm_90", 8, True)],  # both, past 65536 elements
+)  # fmt: skip
+def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, deferred):
+    """NOTES entry 51: 16-bit column-cluster rows collect the cluster's row
+    sums one row block late (kDeferStats, a 3-stage ring of 192 KB) for one
+    gradient set, and for two past 65536 elements; bwd_defer_stats=1 restores
+    the meeting at every row block in slices of 4096, 2 forces the deferral."""
+    plan = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
+    assert plan["cluster"] == cluster and plan["deferred_stats"] == deferred, plan
+    assert bool(kernel_flags(plan["kernel"]) & DEFER_STATS) == deferred, plan
+    if deferred:
+        assert plan["staged"] and plan["ring_stages"] == 3 and plan["smem"] == 3 * 512 * 32 * 2 * 2, plan
+        assert "one row block late" in plan["reason"], plan
+        with _tuning.override(bwd_defer_stats=1):
+            met = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
+        assert not met["deferred_stats"] and (met["split"] or met["ring_stages"] == 2), met
+        assert met["split"] or met["cluster"] == min(8, shape[1] // 4096), met
+    elif cluster > 1:
+        with _tuning.override(bwd_defer_stats=2):
+            forced = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
+        assert forced["deferred_stats"] == ("residual" not in kw), forced
+    fp32 = rtcnorm.explain(op, shape, torch.float32, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
+    assert not fp32["deferred_stats"], fp32
+
+
 KEEP_TERMS = 1 << 22
 DIRECT_GRADS = 1 << 23
 PRELOAD_AFFINE = 1 << 24
@@ -640,13 +688,15 @@ def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, pr
      ("rms_norm", 16384, BF16, True, True, 1), ("rms_norm", 8192, torch.float32, False, False, 1),
      ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 4),
      ("rms_norm", 32768, BF16, True, True, 8), ("rms_norm", 65536, torch.float16, False, True, 8),
-     ("rms_norm", 131072, BF16, False, False, 1), ("layer_norm", 16384, torch.float32, False, False, 2)],
+     ("rms_norm", 131072, BF16, False, True, 8), ("rms_norm", 131072, BF16, True, False, 1),
+     ("layer_norm", 16384, torch.float32, False, False, 2)],
 )  # fmt: skip
 def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
     """16-bit backward rows of 7168+ elements (past 8192 beside a residual's dh)
     are staged through shared memory; 16-bit rows one CTA does not cache, up to
-    65536 elements, become staged 4096-element slices of a cluster on sm_90+ and
-    keep the split design before; float32 rows never stage."""
+    65536 elements (131072 without a residual's dh: deferred slices, entry 51),
+    become staged slices of a cluster on sm_90+ and keep the split design
+    before; float32 rows never stage."""
     plan = rtcnorm.explain(op, (4096, n), dtype, residual=residual, device="cpu")["backward"]
     # (LayerNorm's staged rows of one CTA run as row clusters of two on sm_90+.)
     column_cluster = 1 if plan["row_cluster"] else plan["cluster"]

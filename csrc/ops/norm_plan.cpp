@@ -854,6 +854,46 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   return with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain);
 }
 
+// Staged column-cluster rows may collect the cluster's row sums one row block
+// late (kDeferStats, common/norm_bwd_deferred.cuh): a CTA sums row block k + 1
+// while its peers' sums of k arrive, instead of meeting them at every row
+// block. That needs a third ring stage (the row block whose dx waits): with
+// x and dy only, 3 x 32 KB per 512-thread CTA (no residual's dh) on sm_90+.
+// H100 kernel-only, bf16, two-stage meeting -> deferred (benchmarks/NOTES.md
+// entry 51): RMSNorm 2048x32768 192.0 -> 167.6 us (slices of 8192),
+// 1024x65536 197.7 -> 177.2, 512x131072 264.3 (split design) -> 198.6;
+// LayerNorm's two gradient sets lost 1-4% (128 registers, spills) except at
+// 512x131072, 290.4 (split) -> 251.6. So one gradient set defers at every
+// width, in slices of 8192 (fewer CTAs a row: 2048x32768 173.2 us at 8 CTAs,
+// 167.6 at 4), two only past 65536 elements, where the alternative is the
+// split design.
+constexpr int64_t kBwd16DeferSliceElems = 8192;
+constexpr int64_t kBwd16DeferMinBothSets = 65536;  // LayerNorm's dW and dB: defer only past this width
+
+static bool defer_rule(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
+  const int forced = norm_tuning().bwd_defer_stats;
+  if (arch < 90 || grad_dh || forced == 1) return false;
+  return forced == 2 || !(want_dw && want_db) || p.hidden > kBwd16DeferMinBothSets;
+}
+
+static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, bool explain) {
+  const unsigned f = plan.key.flags;
+  const bool eligible = (f & kStagedRow) != 0 && plan.key.cluster > 1 && (f & (kKeepTerms | kGradDh)) == 0;
+  if (!eligible) return plan;
+  const int stages = std::max(3, 2 + static_cast<int>((f & kRingExtraBits) >> kRingExtraShift));
+  const int64_t stage_bytes =
+      int64_t(plan.key.rows_per_cta) * (p.hidden / plan.key.cluster) * jit::element_size(p.dtype) * 2;
+  if (stages * stage_bytes > max_smem_per_block(arch)) return plan;
+  plan.key.flags = (f & ~kRingExtraBits) | kDeferStats | (static_cast<unsigned>(stages - 2) << kRingExtraShift);
+  plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(stages * stage_bytes));
+  // The deeper ring may leave room for fewer CTAs an SM: launch bounds to match.
+  plan.key.variant = static_cast<int16_t>(smem_capped_blocks(plan.key.variant, stages * stage_bytes, arch));
+  if (explain)
+    plan.reason += "; the cluster's row sums are collected one row block late, through a " + std::to_string(stages) +
+                   "-stage ring (" + std::to_string(stages * stage_bytes / 1024) + " KB)";
+  return plan;
+}
+
 static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
                                    int arch, bool explain) {
   const int forced = norm_tuning().bwd_cluster;
@@ -862,16 +902,21 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   // past 8192) become staged slices.
   const int esize = jit::element_size(p.dtype);
   const bool wide16 = esize == 2 && !plan.cached;
-  const bool rule = esize == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= kMaxCluster * kBwdSliceElems;
+  const bool defer = wide16 && defer_rule(p, want_dw, want_db, grad_dh, arch);
+  // (Deferred slices reach 16384 elements: 32 a thread at 512 threads.)
+  const int64_t max16 = kMaxCluster * (defer ? 2 * kBwd16DeferSliceElems : kBwdSliceElems);
+  const bool rule = esize == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= max16;
   if (forced == 1 || (forced == 0 && !rule)) return plan;
-  const int cl =
-      cluster_size(forced, p.hidden, wide16 ? kBwd16SliceElems : kBwdSliceElems, p.hidden / choose_vec(p), arch);
+  const int64_t slice16 = !defer ? kBwd16SliceElems : (want_dw && want_db ? 2 : 1) * kBwd16DeferSliceElems;
+  const int cl = cluster_size(forced, p.hidden, wide16 ? slice16 : kBwdSliceElems, p.hidden / choose_vec(p), arch);
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
   const BwdCtaHint hint = wide16 ? BwdCtaHint{kBwd16CacheElems, true} : BwdCtaHint{};
   const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
-  return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
+  if (!cplan.cached) return plan;
+  const NormBwdPlan cluster_plan = widen_to_cluster(cplan, p, cl, explain);
+  return defer ? with_defer(cluster_plan, p, arch, explain) : cluster_plan;
 }
 
 // A register-cached CTA (or cluster) that keeps its terms and visits a single

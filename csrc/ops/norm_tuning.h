@@ -81,6 +81,12 @@ struct NormTuning {
   // only cluster: the gradients). 1 = never, 2 / 4 / 8 / 16 = that many
   // (16 on sm_90 only) wherever the rows have more than one row block.
   int bwd_row_cluster = 0;
+  // Backward, 16-bit column-cluster rows (sm_90+): 1 = the cluster's row sums
+  // meet before each row block's dx (slices of 4096), 2 = they are collected
+  // one row block later (kDeferStats, a ring of 3 stages; slices of 8192, or
+  // 16384 with two gradient sets) wherever that ring fits; the rule: one
+  // gradient set, or rows past 65536 elements.
+  int bwd_defer_stats = 0;
 };
 
 NormTuning& norm_tuning();

@@ -74,6 +74,11 @@ enum NormFlags : unsigned {
   // Their column sums meet in distributed shared memory, so the cluster
   // writes one partial row (or, as the grid's only cluster, the gradients).
   kRowClusterBits = 7u << 26,
+  // backward, staged column-cluster rows (kStagedRow with kClusterBits, a ring
+  // of at least 3 stages): the cluster's row sums are collected one row block
+  // later, so a CTA's dx of row block k waits for its peers' sums of k while
+  // it sums row block k + 1 (common/norm_bwd_deferred.cuh).
+  kDeferStats = 1u << 29,
 };
 constexpr int kClusterShift = 14;
 constexpr int kRingExtraShift = 19;

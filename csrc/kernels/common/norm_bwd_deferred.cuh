@@ -1,0 +1,178 @@
+// Backward of staged column-cluster rows (kStagedRow with kClusterBits and
+// kDeferStats, sm_90+), with the cluster's exchange of row sums taken off the
+// critical path.
+//
+// In norm_bwd.cuh a cluster CTA sums its slice of row block k, publishes the
+// sums and waits for its peers' before it can write dx of k: every row block
+// costs a cluster-wide rendezvous, and the cluster runs at the pace of its
+// slowest CTA's copies each time. Here CTA iteration k
+//   1. waits for its own copies of row block k and sums its slice
+//      (adding the dW / dB terms, which need only the saved statistics),
+//   2. collects the cluster's sums of row block k - 1 (published one
+//      iteration ago, so normally long complete) and publishes those of k,
+//   3. writes dx of row block k - 1 from the ring,
+//   4. starts the copies of row block k + S - 1 into the stage k - 1 left.
+// After the last row block, the sums of the last are collected and its dx
+// written. The ring holds S >= 3 stages: one row block being finished, one
+// being summed, S - 2 in flight.
+//
+// Invariants:
+// - Same arithmetic in the same order as norm_bwd's cluster path (the same
+//   element_terms, the same rank-order merge, dW / dB summed over row blocks
+//   in the same order), so dx, dW and dB are bitwise the same.
+// - Cluster barrier phases stay paired per thread: iteration k waits on the
+//   phase of k - 1 (cluster_collect) and then arrives on k's
+//   (cluster_publish). Slot k & 1 is written only after that wait, which no
+//   CTA passes before every peer has read the slot's previous contents (it
+//   read them before its own arrive on k - 1): common/cluster.cuh's
+//   double-buffering argument, one iteration shifted.
+// - Each thread copies exactly the ring vectors it reads back, and a stage is
+//   refilled only after this thread's last read of it (its dx in step 3).
+// - The row loop is uniform across the cluster (every CTA of a cluster walks
+//   the same row blocks), as every cluster barrier needs.
+#pragma once
+
+#include "common/norm_bwd.cuh"
+
+namespace rtcnorm {
+
+template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
+  using PT = Pack<T, VEC>;
+  allow_dependents();
+  constexpr int kCl = 1 << ((FLAGS & kClusterBits) >> kClusterShift);
+  constexpr int kSlice = N / kCl;
+  constexpr int kVecs = kSlice / VEC;
+  constexpr bool kEven = kVecs % (TPR * NV) == 0;
+  constexpr bool kDw = (FLAGS & kWantDw) != 0;
+  constexpr bool kDb = (FLAGS & kWantDb) != 0;
+  constexpr bool kDh = (FLAGS & kGradDh) != 0;
+  constexpr bool kCs = (FLAGS & kStreamStore) != 0;
+  constexpr int kStages = 2 + static_cast<int>((FLAGS & kRingExtraBits) >> kRingExtraShift);
+  constexpr float kInvN = 1.f / static_cast<float>(N);
+  static_assert(kCl > 1, "the exchange being deferred is a column cluster's");
+  static_assert((FLAGS & kStagedRow) != 0 && (FLAGS & kCachedRow) != 0, "rows are staged in the ring");
+  static_assert((FLAGS & (kKeepTerms | kRowClusterBits)) == 0, "neither kept terms nor row clusters");
+  static_assert(kStages >= 3, "one stage being finished, one being summed, one in flight");
+  static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");
+
+  extern __shared__ __align__(16) float smem[];
+  __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
+  __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
+  const int lane = threadIdx.x % TPR;
+  const int group = threadIdx.x / TPR;
+  const int vbase = cluster_rank<kCl>() * kVecs;
+  const long long col0 = 1LL * vbase * VEC;
+  const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
+  const T* x = static_cast<const T*>(p.x);
+  const T* dy = static_cast<const T*>(p.dy);
+  const T* dh = static_cast<const T*>(p.dh);
+  T* dx = static_cast<T*>(p.dx);
+  const StagingRing<T, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
+
+  // A row block of this group: its row, where its gradient goes, its saved
+  // statistics.
+  struct RowRef {
+    long long goff;
+    float mean, rstd;
+    bool ok;
+  };
+  const auto row_ref = [&](long long rb) {
+    const long long row = rb * ROWS + group;
+    const bool ok = rb < p.row_blocks && row < p.rows;
+    return RowRef{row * N + col0, (KIND == kLayerNorm && ok) ? p.mean[row] : 0.f, ok ? p.rstd[row] : 0.f, ok};
+  };
+  const auto stage_row = [&](long long rb, int stage) {
+    const long long row = rb * ROWS + group;
+    const bool live = rb < p.row_blocks && row < p.rows;
+    ring.fill(stage, live, x, dy, dh, live ? row_offset(p.x_map, row) + col0 : 0, row * N + col0, lane);
+  };
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) stage_row(cluster + s * clusters, s);
+
+  float dw_acc[kDw ? NV : 1][VEC];
+  float db_acc[kDb ? NV : 1][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      dw_acc[kDw ? i : 0][j] = 0.f;
+      db_acc[kDb ? i : 0][j] = 0.f;
+    }
+
+  // dx of a row block whose cluster sums `s` are complete, from its stage.
+  const auto write_dx = [&](const RowRef& r, int stage, Sum2 s) {
+    const float c1 = s.a * kInvN;
+    const float c2 = KIND == kLayerNorm ? s.b * kInvN : 0.f;
+    if (!r.ok) return;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (!(kEven || v < kVecs)) continue;
+      float g[VEC], xhat[VEC], wdy[VEC];
+      load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
+      Sum2 summed_already = {0.f, 0.f};  // the first pass summed this vector's terms
+      element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], ring.at(stage, 1)[v], g, r.mean, r.rstd, summed_already, xhat,
+                                  wdy);
+      float dhv[VEC];
+      if constexpr (kDh) to_floats<T, VEC>(ring.at(stage, 2)[v], dhv);
+      float out[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        out[j] = r.rstd * (wdy[j] - c2 - xhat[j] * c1);
+        if constexpr (kDh) out[j] += dhv[j];
+      }
+      store<T, VEC, kCs>(dx, r.goff + 1LL * v * VEC, from_floats<T, VEC>(out));
+    }
+  };
+
+  RowRef pending{};       // the row block whose dx waits for its cluster sums
+  int pending_stage = 0;  // and its ring stage
+  int stage = 0;
+  int calls = 0;
+  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
+    const RowRef r = row_ref(rb);
+    cp_async_wait<kStages - 2>();  // row block rb's copies have landed; S - 2 later ones fly
+    Sum2 s = {0.f, 0.f};
+    if (r.ok) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * TPR + lane;
+        if (!(kEven || v < kVecs)) continue;
+        const PT dv = ring.at(stage, 1)[v];
+        float g[VEC], xhat[VEC], wdy[VEC];
+        load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
+        element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], dv, g, r.mean, r.rstd, s, xhat, wdy);
+        add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
+      }
+    }
+    s = group_allreduce<TPR, ROWS>(s, scratch);
+    if (calls > 0) {
+      const Sum2 done = cluster_collect<kCl, ROWS>(Sum2{}, cscratch, calls - 1, group);
+      cluster_publish<kCl, ROWS>(s, cscratch, calls, group, lane == 0);
+      write_dx(pending, pending_stage, done);
+    } else {
+      cluster_publish<kCl, ROWS>(s, cscratch, calls, group, lane == 0);
+    }
+    ++calls;
+    pending = r;
+    pending_stage = stage;
+    // The stage of the row block just finished (none before the first) takes
+    // row block rb + (S - 1) * clusters.
+    stage_row(rb + (kStages - 1) * clusters, stage == 0 ? kStages - 1 : stage - 1);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+  if (calls > 0) write_dx(pending, pending_stage, cluster_collect<kCl, ROWS>(Sum2{}, cscratch, calls - 1, group));
+
+  cluster_exit<kCl>();  // no CTA leaves while a peer may still read its slots
+  __syncthreads();      // the partial-row combine reuses the ring
+  constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
+  float* pw = p.partial_w + cluster * N + col0;
+  float* pb = p.partial_b + cluster * N + col0;
+  if constexpr (kDw)
+    write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem);
+  if constexpr (kDb)
+    write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(db_acc, pb, static_cast<W*>(p.db) + col0, smem);
+}
+
+}  // namespace rtcnorm
