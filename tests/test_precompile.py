@@ -99,8 +99,9 @@ def compile_variants(op, ns, dtypes, modes, arch):
     assert len(set(norm_names)) == len(norm_names), "a kernel was listed twice"
     reducers = [ln for ln in lines if ln.startswith("rtcnorm::column_reduce<")]
     # dW/dB reducers for the input dtype, and for float32 weights beside 16-bit input.
-    # (Each thread of it reads 4 columns where every N is a multiple of 4.)
-    width = 4 if all(n % 4 == 0 for n in ns) else None
+    # (Each thread of it reads 4 columns of rows of 16384+, a multiple of 4, else 1.)
+    widths = {4 if n % 4 == 0 and n >= 16384 else 1 for n in ns}
+    width = widths.pop() if len(widths) == 1 else None
     assert {ln.split(",")[0] for ln in reducers} == {
         f"rtcnorm::column_reduce<{TYPE_NAMES[w]}" for d in dtypes for w in {d, torch.float32}
     }

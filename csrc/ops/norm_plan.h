@@ -70,8 +70,10 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain = false);
 // The dW / dB column reducer (column_reduce.cuh): each thread owns
-// column_reduce_width(cols) columns (4 where cols % 4 == 0, else 1).
-inline int column_reduce_width(int64_t cols) { return cols % 4 == 0 ? 4 : 1; }
+// column_reduce_width(cols) columns, 4 for rows of 16384+ (a multiple of 4),
+// where a grid of 4-column threads still has a CTA an SM, else 1.
+constexpr int64_t kColumnReduceWideCols = 16384;
+inline int column_reduce_width(int64_t cols) { return cols % 4 == 0 && cols >= kColumnReduceWideCols ? 4 : 1; }
 jit::KernelKey column_reduce_key(jit::DType out, int64_t cols, int arch);
 
 // The split backward's column-kernel grid: col_tiles x row_tiles CTAs, row

@@ -213,12 +213,12 @@ __device__ __forceinline__ void cp_async_wait() {
 template <typename T, int VEC>
 __device__ __forceinline__ float elem_float(const Pack<T, VEC>& p, int j) {
   if constexpr (is_bf16<T>::value && VEC % 2 == 0) {
-    union {
-      Pack<T, VEC> pack;
-      unsigned w[VEC / 2];
-    } u;
-    u.pack = p;
-    return __uint_as_float((j & 1) != 0 ? u.w[j / 2] & 0xffff0000u : u.w[j / 2] << 16);
+    // The pair's word, joined in PTX from the two 16-bit halves (which a
+    // vector load split out of it: the join costs no instruction). A union
+    // would do the same in C++ but made ptxas spill narrow-row kernels.
+    unsigned w;
+    asm("mov.b32 %0, {%1, %2};" : "=r"(w) : "h"(p.e[j & ~1].bits), "h"(p.e[j | 1].bits));
+    return __uint_as_float((j & 1) != 0 ? w & 0xffff0000u : w << 16);
   } else {
     return to_float(p.e[j]);
   }
