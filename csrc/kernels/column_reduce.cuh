@@ -6,9 +6,11 @@
 // - Block is 32 x kSplit threads; thread (tx, ty) owns G consecutive columns
 //   (G = 4 for rows of 16384+ columns, a multiple of 4: one 16-byte access
 //   of each partial row, so the few parts a thread of wide rows keep 4x the
-//   bytes in flight; narrower rows keep G = 1 and more CTAs). It sums parts ty, ty + kSplit, ... of each of its columns
-//   in increasing order, then thread ty == 0 adds the kSplit sums in increasing ty. The order of every addition is
-//   fixed by (parts, cols) and is the same for every G, so the result is bitwise reproducible. No atomics.
+//   bytes in flight; narrower rows keep G = 1 and more CTAs). It sums parts
+//   ty, ty + kSplit, ... of each of its columns in increasing order, then
+//   thread ty == 0 adds the kSplit sums in increasing ty. The order of every
+//   addition is fixed by (parts, cols) and is the same for every G, so the
+//   result is bitwise reproducible. No atomics.
 // - On sm_90+ it is launched programmatically after the backward kernel that
 //   writes the partial rows (grid_dep.cuh): it waits for that grid to
 //   complete before its first read.

@@ -570,6 +570,12 @@ static int few_row_rms_threads(const NormProblem& p, int tpr, int threads) {
   return ceil_div(p.rows, rows) <= kFewRowMaxBlocks ? tpr * rows : threads;
 }
 
+// One stage of the backward's staging ring (kStagedRow): x and dy (and the
+// residual's dh) of a CTA's `rows` rows of `cols` elements.
+static int64_t ring_stage_bytes_of(int64_t rows, int64_t cols, int esize, bool grad_dh) {
+  return rows * cols * esize * (grad_dh ? 3 : 2);
+}
+
 // Row blocks per SM past which a persistent backward CTA walks enough rows
 // for a deeper pipeline (a third ring stage, the next-row prefetch) to pay.
 constexpr int kDeepPipeRowBlocksPerSm = 4;
@@ -661,7 +667,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // deeper pipeline has nothing to fetch ahead (256x16384 22.4 -> 22.7 us,
   // 256x5120 10.6 -> 11.0).
   const int esize = jit::element_size(p.dtype);
-  const int64_t ring_stage_bytes = int64_t(rows) * p.hidden * esize * (grad_dh ? 3 : 2);
+  const int64_t ring_stage_bytes = ring_stage_bytes_of(rows, p.hidden, esize, grad_dh);
   const int64_t smem_cap = max_smem_per_block(arch);
   const bool many_row_blocks = plan.row_blocks > int64_t(kDeepPipeRowBlocksPerSm) * sm_count;
   const bool deep_ring =
@@ -882,7 +888,7 @@ static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, 
   if (!eligible) return plan;
   const int stages = std::max(3, 2 + static_cast<int>((f & kRingExtraBits) >> kRingExtraShift));
   const int64_t stage_bytes =
-      int64_t(plan.key.rows_per_cta) * (p.hidden / plan.key.cluster) * jit::element_size(p.dtype) * 2;
+      ring_stage_bytes_of(plan.key.rows_per_cta, p.hidden / plan.key.cluster, jit::element_size(p.dtype), false);
   if (stages * stage_bytes > max_smem_per_block(arch)) return plan;
   plan.key.flags = (f & ~kRingExtraBits) | kDeferStats | (static_cast<unsigned>(stages - 2) << kRingExtraShift);
   plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(stages * stage_bytes));
