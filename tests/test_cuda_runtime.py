@@ -352,6 +352,45 @@ def test_deferred_cluster_sums_change_no_bit(op, m, n, dtype, cluster, poison):
     check(op, results["deferred"], ref(op, t), m)
 
 
+@needs_clusters
+@pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant"),
+    [(4 * 132 + 5, 16384, torch.bfloat16, "weight_bias"), (300, 12288, torch.float16, "zero_centered"),
+     (1000, 10240, torch.bfloat16, "mixed"), (3, 16384, torch.bfloat16, "weight_bias"),
+     (37, 9216, torch.float16, "weight_bias")],
+)  # fmt: skip
+def test_layer_norm_deferred_slices_two_ctas_an_sm(m, n, dtype, variant, poison):
+    """LayerNorm's dW and dB on 16-bit rows of up to 16384 elements: deferred
+    cluster slices of at most 2048 on 256-thread CTAs, two an SM (NOTES entry
+    52). dx is bitwise that of the same cluster meeting at every row block on
+    512-thread CTAs (the same row groups and merge order); dW and dB match the
+    reference and repeat bitwise; contiguous and strided rows match the
+    reference; a grid of one row block writes the gradients itself."""
+    x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=0.0 if variant == "mixed" else 100.0)
+    dy = torch.randn_like(x)
+    plan = rtcnorm.explain("layer_norm", (m, n), dtype, weight_dtype=w.dtype, zero_centered_gamma=zcg)["backward"]
+    assert plan["cluster"] == 8 and plan["block"] <= 256 and plan["deferred_stats"] and plan["staged"], plan
+    assert plan["direct_grads"] == (plan["row_blocks"] == 1), plan
+
+    def backward():
+        _, mean, rstd = OPS.layer_norm(x, [n], w, b, 1e-5, None, zcg)
+        return OPS.layer_norm_backward(dy, x, mean, rstd, w, b, [n], zcg, True, True)
+
+    poison(4 * x.numel() * x.element_size())
+    first = backward()
+    for got, again in zip(first, backward()):
+        assert torch.equal(got, again)
+    with _tuning.override(bwd_defer_stats=1, bwd_cluster=8):
+        met = rtcnorm.explain("layer_norm", (m, n), dtype, weight_dtype=w.dtype, zero_centered_gamma=zcg)["backward"]
+        assert met["cluster"] == 8 and not met["deferred_stats"], met
+        met_dx = backward()[0]
+    assert torch.equal(first[0], met_dx)
+    expected = ref_layer_norm(x, [n], w, b, zero_centered_gamma=zcg, dy=dy)
+    for name, got in zip(("dx", "dw", "db"), first):
+        assert_close(got, expected[name], what=name, reduce_len=m if name != "dx" else 1)
+    check_contiguous_and_strided("layer_norm", m, n, dtype, variant, None, poison)
+
+
 @pytest.mark.parametrize(
     ("n", "dtype", "variant"),
     [(16384, torch.bfloat16, "weight"), (16384, torch.float16, "zero_centered"), (16384, torch.bfloat16, "mixed"),

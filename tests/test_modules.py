@@ -126,7 +126,7 @@ def test_rms_norm_module_with_residual_returns_the_sum():
         ("layer_norm", (4096, 16384), torch.float32, 1, 2),
         ("rms_norm", (2048, 32768), torch.bfloat16, 1, 4),  # 16-bit, one gradient: deferred slices of 8192
         ("layer_norm", (2048, 32768), torch.bfloat16, 1, 8),  # two gradients: slices of 4096
-        ("layer_norm", (4096, 16384), torch.bfloat16, 1, 4),
+        ("layer_norm", (4096, 16384), torch.bfloat16, 1, 8),  # deferred slices of 2048
         ("layer_norm", (1024, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
         ("layer_norm", (4096, 8192), torch.float32, 1, 1),
     ],
@@ -420,7 +420,7 @@ def test_backward_ring_depth_override(op, stages):
     [("rms_norm", (4096, 16384), "sm_90", 3, False),  # one 128 KB two-stage CTA an SM: three stages
      ("rms_norm", (4096, 16384), "sm_80", 2, False),  # three (192 KB) exceed sm_80's 163 KB
      ("rms_norm", (4096, 8192), "sm_90", 2, False),  # two CTAs an SM
-     ("layer_norm", (4096, 16384), "sm_90", 2, False),  # column-cluster slices of four rows
+     ("layer_norm", (2048, 32768), "sm_90", 2, False),  # column-cluster slices of four rows
      ("rms_norm", (16384, 5120), "sm_90", 0, True),  # two 320-thread CTAs an SM, terms kept
      ("layer_norm", (16384, 5120), "sm_90", 0, False),  # no kept terms at two an SM
      ("rms_norm", (256, 5120), "sm_90", 0, False),  # two row blocks a CTA: nothing to fetch ahead
@@ -458,23 +458,32 @@ DEFER_STATS = 1 << 29
      ("rms_norm", (2048, 32768), {}, "sm_80", 1, False),  # no clusters
      ("layer_norm", (2048, 32768), {}, "sm_90", 8, False),  # dW and dB: slices of 4096, met every row block
      ("layer_norm", (2048, 32768), {"bias": False}, "sm_90", 4, True),  # dW alone
-     ("layer_norm", (512, 131072), {}, "sm_90", 8, True)],  # both, past 65536 elements
+     ("layer_norm", (512, 131072), {}, "sm_90", 8, True),  # both, past 65536 elements
+     ("layer_norm", (4096, 16384), {}, "sm_90", 8, True),  # both, up to 16384: slices of 2048, 256 threads
+     ("layer_norm", (64, 12288), {}, "sm_100", 8, True),  # (slices of 1536)
+     ("layer_norm", (4096, 16384), {"residual": True}, "sm_90", 4, False),
+     ("layer_norm", (4096, 16384), {}, "sm_80", 1, False)],
 )  # fmt: skip
 def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, deferred):
-    """NOTES entry 51: 16-bit column-cluster rows collect the cluster's row
-    sums one row block late (kDeferStats, a 3-stage ring of 192 KB) for one
-    gradient set, and for two past 65536 elements; bwd_defer_stats=1 restores
-    the meeting at every row block in slices of 4096, 2 forces the deferral."""
+    """NOTES entries 51-52: 16-bit column-cluster rows collect the cluster's
+    row sums one row block late (kDeferStats, a 3-stage ring) for one gradient
+    set, and for two past 65536 elements or up to 16384 (there in slices of
+    2048 on 256-thread CTAs, two an SM); bwd_defer_stats=1 restores the
+    meeting at every row block in slices of 4096, 2 forces the deferral."""
     plan = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
     assert plan["cluster"] == cluster and plan["deferred_stats"] == deferred, plan
     assert bool(kernel_flags(plan["kernel"]) & DEFER_STATS) == deferred, plan
     if deferred:
-        assert plan["staged"] and plan["ring_stages"] == 3 and plan["smem"] == 3 * 512 * 32 * 2 * 2, plan
+        pair = op == "layer_norm" and kw.get("bias", True) and shape[1] <= 16384
+        assert plan["block"] == (256 if pair else 512), plan
+        assert plan["staged"] and plan["ring_stages"] == 3, plan
+        rows_per_cta = int(plan["kernel"].split(", ")[5])  # <T, W, N, VEC, TPR, ROWS, ...>
+        assert plan["smem"] == 3 * rows_per_cta * (shape[1] // cluster) * 2 * 2, plan  # x and dy, 16-bit
         assert "one row block late" in plan["reason"], plan
         with _tuning.override(bwd_defer_stats=1):
             met = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
         assert not met["deferred_stats"] and (met["split"] or met["ring_stages"] == 2), met
-        assert met["split"] or met["cluster"] == min(8, shape[1] // 4096), met
+        assert met["split"] or met["cluster"] == min(8, 1 << (shape[1] // 4096 - 1).bit_length()), met
     elif cluster > 1:
         with _tuning.override(bwd_defer_stats=2):
             forced = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
@@ -686,7 +695,7 @@ def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, pr
     [("rms_norm", 5120, BF16, False, False, 1), ("rms_norm", 7168, BF16, False, True, 1),
      ("rms_norm", 8192, torch.float16, False, True, 1), ("rms_norm", 8192, BF16, True, False, 1),
      ("rms_norm", 16384, BF16, True, True, 1), ("rms_norm", 8192, torch.float32, False, False, 1),
-     ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 4),
+     ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 8),
      ("rms_norm", 32768, BF16, True, True, 8), ("rms_norm", 65536, torch.float16, False, True, 8),
      ("rms_norm", 131072, BF16, False, True, 8), ("rms_norm", 131072, BF16, True, False, 1),
      ("layer_norm", 16384, torch.float32, False, False, 2)],

@@ -524,11 +524,13 @@ SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
 }
 
 // What a caller asks of a CTA's backward plan beyond the rules below: the
-// elements a thread caches (0: the rule) and whether its rows are staged
-// through shared memory (the cluster slices of 16-bit rows).
+// elements a thread caches (0: the rule), whether its rows are staged
+// through shared memory (the cluster slices of 16-bit rows) and the CTA size
+// of a many-row grid (0: the rule).
 struct BwdCtaHint {
   int cache_elems = 0;
   bool staged = false;
+  int cta_threads = 0;
 };
 
 // H100 kernel-only sweep (benchmarks/NOTES.md, entry 20): staging 16-bit rows
@@ -604,7 +606,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // no idle groups in its barriers and no bundles to combine. H100
   // kernel-only, bf16 (benchmarks/NOTES.md entry 39): RMSNorm 1x4096 2.97 ->
   // 2.45 us, LayerNorm 1x4096 3.71 -> 2.65.
-  const int base_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : 512);
+  const int base_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : pick(hint.cta_threads, 512));
   const int row_threads = plan.cached && !narrow ? few_row_rms_threads(p, tpr, base_threads) : base_threads;
   const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, row_threads) / tpr) : 1;
   const int base_rows = std::max(1, base_threads / tpr);
@@ -871,15 +873,29 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
 // LayerNorm's two gradient sets lost 1-4% (128 registers, spills) except at
 // 512x131072, 290.4 (split) -> 251.6. So one gradient set defers at every
 // width, in slices of 8192 (fewer CTAs a row: 2048x32768 173.2 us at 8 CTAs,
-// 167.6 at 4), two only past 65536 elements, where the alternative is the
-// split design.
+// 167.6 at 4), two past 65536 elements, where the alternative is the split
+// design.
+// Two gradient sets also defer on rows of at most 16384 elements, in slices
+// of 2048 on 256-thread CTAs (4 rows of 64 threads, 32 elements a thread,
+// a 96 KB ring): two CTAs an SM, each one's cluster waits hidden behind the
+// other's work. H100 kernel-only, bf16 LayerNorm (entry 52), two-stage
+// meeting in slices of 4096 -> this: 1024x16384 61.5 -> 54.6 us, 4096x16384
+// 186.9 -> 168.3, 8192x16384 354.0 -> 323.0, 16384x16384 687.3 -> 632.0,
+// 1x16384 5.8 -> 4.4, 32x16384 12.4 -> 10.4; rows whose old slices were not
+// 64-thread groups most: 4096x12288 184.3 -> 135.5, 4096x10240 190.8 ->
+// 125.1, 2048x9216 86.2 -> 67.6. At 32768 (slices of 4096, 2 rows a CTA) it
+// gained 2%, at 65536 it lost 10%.
 constexpr int64_t kBwd16DeferSliceElems = 8192;
-constexpr int64_t kBwd16DeferMinBothSets = 65536;  // LayerNorm's dW and dB: defer only past this width
+constexpr int64_t kBwd16DeferMinBothSets = 65536;  // LayerNorm's dW and dB: defer past this width
+constexpr int64_t kBwd16DeferPairMaxBoth = 16384;  // and up to this one, in the slices below
+constexpr int64_t kBwd16DeferPairSliceElems = 2048;
+constexpr int kBwd16DeferPairCtaThreads = 256;
 
 static bool defer_rule(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
   const int forced = norm_tuning().bwd_defer_stats;
   if (arch < 90 || grad_dh || forced == 1) return false;
-  return forced == 2 || !(want_dw && want_db) || p.hidden > kBwd16DeferMinBothSets;
+  return forced == 2 || !(want_dw && want_db) || p.hidden > kBwd16DeferMinBothSets ||
+         p.hidden <= kBwd16DeferPairMaxBoth;
 }
 
 static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, bool explain) {
@@ -913,12 +929,19 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   const int64_t max16 = kMaxCluster * (defer ? 2 * kBwd16DeferSliceElems : kBwdSliceElems);
   const bool rule = esize == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= max16;
   if (forced == 1 || (forced == 0 && !rule)) return plan;
-  const int64_t slice16 = !defer ? kBwd16SliceElems : (want_dw && want_db ? 2 : 1) * kBwd16DeferSliceElems;
+  const bool both = want_dw && want_db;
+  // Two gradient sets on rows of at most 16384 elements: pairs of 256-thread
+  // CTAs an SM (above).
+  const bool pair = defer && both && p.hidden <= kBwd16DeferPairMaxBoth;
+  const int64_t slice16 = !defer ? kBwd16SliceElems
+                          : pair ? kBwd16DeferPairSliceElems
+                                 : (both ? 2 : 1) * kBwd16DeferSliceElems;
   const int cl = cluster_size(forced, p.hidden, wide16 ? slice16 : kBwdSliceElems, p.hidden / choose_vec(p), arch);
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
-  const BwdCtaHint hint = wide16 ? BwdCtaHint{kBwd16CacheElems, true} : BwdCtaHint{};
+  const BwdCtaHint hint =
+      wide16 ? BwdCtaHint{kBwd16CacheElems, true, pair ? kBwd16DeferPairCtaThreads : 0} : BwdCtaHint{};
   const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
   if (!cplan.cached) return plan;
   const NormBwdPlan cluster_plan = widen_to_cluster(cplan, p, cl, explain);
