@@ -71,8 +71,9 @@ struct BwdLayout {
 
 // The staging ring (kStagedRow) of one row group: stage s, tensor t (x, dy,
 // dh) of the group's row is at(s, t)[v] for the group's vectors v. Stages
-// hold ROWS rows each (the CTA's row groups side by side).
-template <typename T, int VEC, int TPR, int ROWS, int NV, int VECS, int TENSORS>
+// hold ROWS rows each (the CTA's row groups side by side); a row is N
+// elements, of which the group's CTA stages the VECS vectors from col0.
+template <typename T, int N, int VEC, int TPR, int ROWS, int NV, int VECS, int TENSORS>
 struct StagingRing {
   using PT = Pack<T, VEC>;
   PT* group_base;  // the dynamic shared memory + group * VECS vectors
@@ -81,19 +82,23 @@ struct StagingRing {
     return group_base + (stage * TENSORS + tensor) * ROWS * VECS;
   }
 
-  // Starts the copies of this thread's vectors of one row into `stage` (none
-  // when !live; x at element offset xo, dy and dh at go) and closes the
-  // thread's group of copies, so every thread commits one group per call.
-  __device__ __forceinline__ void fill(int stage, bool live, const T* x, const T* dy, const T* dh, long long xo,
-                                       long long go, int lane) const {
-    if (live) {
+  // Starts the copies of this thread's vectors of the group's row of row
+  // block rb into `stage` (none past the last row) and closes the thread's
+  // group of copies, so every thread commits one group per call.
+  __device__ __forceinline__ void fill(int stage, long long rb, const NormBwdParams& p, int group, long long col0,
+                                       int lane) const {
+    const long long row = rb * ROWS + group;
+    if (rb < p.row_blocks && row < p.rows) {
+      const PT* x = reinterpret_cast<const PT*>(static_cast<const T*>(p.x) + row_offset(p.x_map, row) + col0);
+      const PT* dy = reinterpret_cast<const PT*>(static_cast<const T*>(p.dy) + row * N + col0);
+      const PT* dh = reinterpret_cast<const PT*>(static_cast<const T*>(p.dh) + row * N + col0);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = i * TPR + lane;
         if (VECS % (TPR * NV) != 0 && v >= VECS) continue;
-        cp_async(at(stage, 0) + v, reinterpret_cast<const PT*>(x + xo) + v);
-        cp_async(at(stage, 1) + v, reinterpret_cast<const PT*>(dy + go) + v);
-        if constexpr (TENSORS == 3) cp_async(at(stage, 2) + v, reinterpret_cast<const PT*>(dh + go) + v);
+        cp_async(at(stage, 0) + v, x + v);
+        cp_async(at(stage, 1) + v, dy + v);
+        if constexpr (TENSORS == 3) cp_async(at(stage, 2) + v, dh + v);
       }
     }
     cp_async_commit();
@@ -157,6 +162,22 @@ __device__ __forceinline__ void add_affine_grads(const Pack<T, VEC>& dv, const f
     if constexpr (DW) dw[j] = fmaf(df[j], xhat[j], dw[j]);
     if constexpr (DB) db[j] += df[j];
   }
+}
+
+// One vector of dx = rstd * (w*dy - c2 - xhat * c1) [+ dh], with the row's
+// c1 = mean(w*dy * xhat) and c2 = mean(w*dy) (0 for RMSNorm). Every backward
+// design writes dx through it: the same operations in the same order, so the
+// same bits.
+template <typename T, int VEC, bool DH>
+__device__ __forceinline__ Pack<T, VEC> input_grad(const float (&wdy)[VEC], const float (&xhat)[VEC], float c1,
+                                                   float c2, float rstd, const Pack<T, VEC>& dh) {
+  float out[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    out[j] = rstd * (wdy[j] - c2 - xhat[j] * c1);
+    if constexpr (DH) out[j] += elem_float(dh, j);
+  }
+  return from_floats<T, VEC>(out);
 }
 
 // Sums register accumulators over the CTA's row groups and writes the CTA's
@@ -303,20 +324,12 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   float* pb = p.partial_b + cluster * N + col0;
 
   // The staging ring: stage s, tensor t (x, dy, dh) of this group's row.
-  const StagingRing<T, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
+  const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
   const auto staged = [&](int stage, int tensor) { return ring.at(stage, tensor); };
-  // Starts the copies of row block rb's row into `stage` (none past the end).
-  const auto stage_row = [&](long long rb, int stage) {
-    if constexpr (kStaged) {  // (the lambda is compiled in every variant)
-      const long long row = rb * ROWS + group;
-      const bool live = rb < p.row_blocks && row < p.rows;
-      ring.fill(stage, live, x, dy, dh, live ? row_offset(p.x_map, row) + col0 : 0, row * N + col0, lane);
-    }
-  };
   int stage = 0;  // the ring stage of row block rb
   if constexpr (kStaged) {
 #pragma unroll
-    for (int s = 0; s + 1 < kStages; ++s) stage_row(cluster + s * clusters, s);
+    for (int s = 0; s + 1 < kStages; ++s) ring.fill(s, cluster + s * clusters, p, group, col0, lane);
   }
 
   float dw_acc[kCached && kDw ? NV : 1][VEC];
@@ -366,7 +379,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     if constexpr (kStaged) {
       // The stage rb - clusters was read from (this thread's reads of it are
       // done) takes row block rb + (S - 1) * clusters.
-      stage_row(rb + (kStages - 1) * clusters, stage == 0 ? kStages - 1 : stage - 1);
+      ring.fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters, p, group, col0, lane);
       cp_async_wait<kStages - 1>();  // this row's copies have landed; S - 1 later rows' fly
     }
     PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];            // filled when kRegs and not kTerms
@@ -467,17 +480,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           Sum2 summed_already = {0.f, 0.f};  // the first pass summed this vector's terms
           element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, summed_already, xhat, wdy);
         }
-        float dhv[VEC];
-        if constexpr (kDh) {
-          to_floats<T, VEC>(kStaged ? staged(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC), dhv);
-        }
-        float out[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          out[j] = rstd * (wdy[j] - c2 - xhat[j] * c1);
-          if constexpr (kDh) out[j] += dhv[j];
-        }
-        store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, from_floats<T, VEC>(out));
+        PT hv{};
+        if constexpr (kDh) hv = kStaged ? staged(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC);
+        store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, input_grad<T, VEC, kDh>(wdy, xhat, c1, c2, rstd, hv));
         if constexpr (kCached) {
           // A cluster summed them while its barrier was pending, kTerms in the
           // first pass.

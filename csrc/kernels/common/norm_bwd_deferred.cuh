@@ -64,11 +64,8 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   const int vbase = cluster_rank<kCl>() * kVecs;
   const long long col0 = 1LL * vbase * VEC;
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
-  const T* x = static_cast<const T*>(p.x);
-  const T* dy = static_cast<const T*>(p.dy);
-  const T* dh = static_cast<const T*>(p.dh);
   T* dx = static_cast<T*>(p.dx);
-  const StagingRing<T, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
+  const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
 
   // A row block of this group: its row, where its gradient goes, its saved
   // statistics.
@@ -82,13 +79,8 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     const bool ok = rb < p.row_blocks && row < p.rows;
     return RowRef{row * N + col0, (KIND == kLayerNorm && ok) ? p.mean[row] : 0.f, ok ? p.rstd[row] : 0.f, ok};
   };
-  const auto stage_row = [&](long long rb, int stage) {
-    const long long row = rb * ROWS + group;
-    const bool live = rb < p.row_blocks && row < p.rows;
-    ring.fill(stage, live, x, dy, dh, live ? row_offset(p.x_map, row) + col0 : 0, row * N + col0, lane);
-  };
 #pragma unroll
-  for (int s = 0; s + 1 < kStages; ++s) stage_row(cluster + s * clusters, s);
+  for (int s = 0; s + 1 < kStages; ++s) ring.fill(s, cluster + s * clusters, p, group, col0, lane);
 
   float dw_acc[kDw ? NV : 1][VEC];
   float db_acc[kDb ? NV : 1][VEC];
@@ -114,15 +106,9 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
       Sum2 summed_already = {0.f, 0.f};  // the first pass summed this vector's terms
       element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], ring.at(stage, 1)[v], g, r.mean, r.rstd, summed_already, xhat,
                                   wdy);
-      float dhv[VEC];
-      if constexpr (kDh) to_floats<T, VEC>(ring.at(stage, 2)[v], dhv);
-      float out[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        out[j] = r.rstd * (wdy[j] - c2 - xhat[j] * c1);
-        if constexpr (kDh) out[j] += dhv[j];
-      }
-      store<T, VEC, kCs>(dx, r.goff + 1LL * v * VEC, from_floats<T, VEC>(out));
+      PT hv{};
+      if constexpr (kDh) hv = ring.at(stage, 2)[v];
+      store<T, VEC, kCs>(dx, r.goff + 1LL * v * VEC, input_grad<T, VEC, kDh>(wdy, xhat, c1, c2, r.rstd, hv));
     }
   };
 
@@ -159,7 +145,7 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     pending_stage = stage;
     // The stage of the row block just finished (none before the first) takes
     // row block rb + (S - 1) * clusters.
-    stage_row(rb + (kStages - 1) * clusters, stage == 0 ? kStages - 1 : stage - 1);
+    ring.fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters, p, group, col0, lane);
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   if (calls > 0) write_dx(pending, pending_stage, cluster_collect<kCl, ROWS>(Sum2{}, cscratch, calls - 1, group));

@@ -122,18 +122,11 @@ __device__ __forceinline__ void norm_bwd_cols(const NormBwdParams& p) {
       const float mean = KIND == kLayerNorm ? __ldg(p.mean + row) : 0.f;
       const float c1 = __ldg(p.row_coef + 2 * row);
       const float c2 = KIND == kLayerNorm ? __ldg(p.row_coef + 2 * row + 1) : 0.f;
-      float out[VEC], xhat[VEC], wdy[VEC];
+      float xhat[VEC], wdy[VEC];
       Sum2 summed_already = {0.f, 0.f};  // the coefficient kernel summed the terms
       element_terms<KIND, T, VEC>(xv[u], dv[u], g, mean, rstd, summed_already, xhat, wdy);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = elem_float(dv[u], j);
-        out[j] = rstd * (wdy[j] - c2 - xhat[j] * c1);
-        if constexpr (kDh) out[j] += elem_float(hv[u], j);
-        if constexpr (kDw) dw[j] = fmaf(d, xhat[j], dw[j]);
-        if constexpr (kDb) db[j] += d;
-      }
-      store<T, VEC, kCs>(dx, row * N + col, from_floats<T, VEC>(out));
+      store<T, VEC, kCs>(dx, row * N + col, input_grad<T, VEC, kDh>(wdy, xhat, c1, c2, rstd, hv[kDh ? u : 0]));
+      add_affine_grads<T, VEC, kDw, kDb>(dv[u], xhat, dw, db);
     }
   }
   const long long prow = 1LL * blockIdx.y * N + col;
