@@ -84,8 +84,9 @@ struct NormTuning {
   // Backward, 16-bit column-cluster rows (sm_90+): 1 = the cluster's row sums
   // meet before each row block's dx (slices of 4096), 2 = they are collected
   // one row block later (kDeferStats, a ring of 3 stages; slices of 8192, or
-  // 16384 with two gradient sets) wherever that ring fits; the rule: one
-  // gradient set, or rows past 65536 elements.
+  // with two gradient sets 16384, and 2048 on 256-thread CTAs for rows of at
+  // most 16384) wherever that ring fits; the rule: one gradient set, or two
+  // on rows past 65536 or of at most 16384 elements.
   int bwd_defer_stats = 0;
 };
 

@@ -325,7 +325,6 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 
   // The staging ring: stage s, tensor t (x, dy, dh) of this group's row.
   const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
-  const auto staged = [&](int stage, int tensor) { return ring.at(stage, tensor); };
   int stage = 0;  // the ring stage of row block rb
   if constexpr (kStaged) {
 #pragma unroll
@@ -393,8 +392,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
         if constexpr (kStaged) {
-          xv[i] = staged(stage, 0)[v];
-          dv[i] = staged(stage, 1)[v];
+          xv[i] = ring.at(stage, 0)[v];
+          dv[i] = ring.at(stage, 1)[v];
         } else {
           xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
           dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
@@ -437,11 +436,11 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
-        const PT xv = kStaged ? staged(stage, 0)[v] : xc[i];
+        const PT xv = kStaged ? ring.at(stage, 0)[v] : xc[i];
         float xhat[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) xhat[j] = (elem_float(xv, j) - mean) * rstd;
-        add_affine_grads<T, VEC, kDw, kDb>(kStaged ? staged(stage, 1)[v] : dyc[i], xhat, dw_acc[kDw ? i : 0],
+        add_affine_grads<T, VEC, kDw, kDb>(kStaged ? ring.at(stage, 1)[v] : dyc[i], xhat, dw_acc[kDw ? i : 0],
                                            db_acc[kDb ? i : 0]);
       }
     }
@@ -466,8 +465,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         } else {
           PT xv;
           if constexpr (kStaged) {
-            xv = staged(stage, 0)[v];
-            dv = staged(stage, 1)[v];
+            xv = ring.at(stage, 0)[v];
+            dv = ring.at(stage, 1)[v];
           } else if constexpr (kCached) {
             xv = xc[i];
             dv = dyc[i];
@@ -481,7 +480,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, summed_already, xhat, wdy);
         }
         PT hv{};
-        if constexpr (kDh) hv = kStaged ? staged(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC);
+        if constexpr (kDh) hv = kStaged ? ring.at(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC);
         store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, input_grad<T, VEC, kDh>(wdy, xhat, c1, c2, rstd, hv));
         if constexpr (kCached) {
           // A cluster summed them while its barrier was pending, kTerms in the
