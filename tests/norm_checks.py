@@ -19,6 +19,13 @@ def kernel_flags(kernel: str) -> int:
     return int(kernel.split(", ")[-2].rstrip("u"))
 
 
+def column_cluster(kernel: str) -> int:
+    """CTAs of the column cluster a kernel key names: log2 in flag bits 14-15,
+    or bit 30 alone for 16 (kClusterBits, kCluster16)."""
+    flags = kernel_flags(kernel)
+    return 16 if flags >> 30 & 1 else 1 << (flags >> 14 & 3)
+
+
 # Row lengths of the GPU tests: narrow, odd, model sizes, 1024-thread and streamed rows.
 GPU_N = (1, 7, 127, 128, 1000, 3584, 4096, 4097, 5120, 7168, 65536, 262144)
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -9,7 +9,7 @@ import pytest
 import rtcnorm
 import torch
 import torch.autograd.forward_ad as fwad
-from norm_checks import PREFETCH_NEXT, kernel_flags, randn
+from norm_checks import PREFETCH_NEXT, column_cluster, kernel_flags, randn
 from reference import assert_close
 from rtcnorm import _tuning
 
@@ -117,8 +117,8 @@ def test_rms_norm_module_with_residual_returns_the_sum():
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "cluster", "bwd_cluster"),
     [
-        ("rms_norm", (512, 131072), torch.bfloat16, 8, 8),  # 256 KB rows: read once by 8 CTAs
-        ("layer_norm", (512, 131072), torch.bfloat16, 8, 8),  # (backward: deferred slices of 16384)
+        ("rms_norm", (512, 131072), torch.bfloat16, 8, 16),  # 256 KB rows: read once by 8 CTAs
+        ("layer_norm", (512, 131072), torch.bfloat16, 8, 16),  # (backward: 16 deferred slices of 8192)
         ("layer_norm", (1024, 65536), torch.float32, 8, 8),
         ("rms_norm", (5, 262144), torch.float32, 8, 1),  # 8 slices of 32768 fp32 (backward: split design)
         ("rms_norm", (2048, 32768), torch.float32, 1, 4),  # one CTA caches the forward row
@@ -138,8 +138,7 @@ def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
     plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
     assert plan["cluster"] == cluster and plan["backward"]["cluster"] == bwd_cluster
     for p, cl in ((plan, cluster), (plan["backward"], bwd_cluster)):
-        flags = int(p["kernel"].rsplit(", ", 2)[1].rstrip("u"))
-        assert (flags >> 14) & 3 == cl.bit_length() - 1
+        assert column_cluster(p["kernel"]) == cl
         assert f", {shape[1]}, " in p["kernel"]  # the key names the whole row
         assert (f"cluster of {cl} CTAs, {shape[1] // cl} columns each" in p["reason"]) == (cl > 1)
     if cluster > 1:
@@ -150,6 +149,9 @@ def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
         assert plan["backward"]["staged"] == (dtype != torch.float32)
     old = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_80")
     assert old["cluster"] == 1 and old["backward"]["cluster"] == 1
+    # 16 CTAs is sm_90's non-portable size: sm_100 keeps 8.
+    blackwell = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_100")
+    assert blackwell["backward"]["cluster"] == min(bwd_cluster, 8)
     reload = rtcnorm.explain(op, shape, dtype, mode="multi_wave_reload", device="cpu", arch="sm_90")
     assert reload["cluster"] == 1 and not reload["cached_row"]
     with _tuning.override(fwd_cluster=1, bwd_cluster=1):
@@ -451,27 +453,30 @@ DEFER_STATS = 1 << 29
     ("op", "shape", "kw", "arch", "cluster", "deferred"),
     [("rms_norm", (2048, 32768), {}, "sm_90", 4, True),  # one gradient set: slices of 8192
      ("rms_norm", (1024, 65536), {}, "sm_100", 8, True),
-     ("rms_norm", (512, 131072), {}, "sm_90", 8, True),  # slices of 16384 (was the split design)
+     ("rms_norm", (512, 131072), {}, "sm_90", 16, True),  # sm_90: 16 slices of 8192 (entry 53)
+     ("rms_norm", (512, 131072), {}, "sm_100", 8, True),  # slices of 16384 (was the split design)
      ("rms_norm", (2048, 32768), {"residual": True}, "sm_90", 8, False),  # dh: three tensors, 3 stages do not fit
      ("rms_norm", (512, 131072), {"residual": True}, "sm_90", 1, False),  # ... so the split design
      ("rms_norm", (64, 262144), {}, "sm_90", 1, False),  # 32768-element slices do not cache: split
      ("rms_norm", (2048, 32768), {}, "sm_80", 1, False),  # no clusters
      ("layer_norm", (2048, 32768), {}, "sm_90", 8, False),  # dW and dB: slices of 4096, met every row block
      ("layer_norm", (2048, 32768), {"bias": False}, "sm_90", 4, True),  # dW alone
-     ("layer_norm", (512, 131072), {}, "sm_90", 8, True),  # both, past 65536 elements
+     ("layer_norm", (512, 131072), {}, "sm_90", 16, True),  # both, past 65536 elements
      ("layer_norm", (4096, 16384), {}, "sm_90", 8, True),  # both, up to 16384: slices of 2048, 256 threads
      ("layer_norm", (64, 12288), {}, "sm_100", 8, True),  # (slices of 1536)
      ("layer_norm", (4096, 16384), {"residual": True}, "sm_90", 4, False),
      ("layer_norm", (4096, 16384), {}, "sm_80", 1, False)],
 )  # fmt: skip
 def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, deferred):
-    """NOTES entries 51-52: 16-bit column-cluster rows collect the cluster's
+    """NOTES entries 51-53: 16-bit column-cluster rows collect the cluster's
     row sums one row block late (kDeferStats, a 3-stage ring) for one gradient
     set, and for two past 65536 elements or up to 16384 (there in slices of
-    2048 on 256-thread CTAs, two an SM); bwd_defer_stats=1 restores the
-    meeting at every row block in slices of 4096, 2 forces the deferral."""
+    2048 on 256-thread CTAs, two an SM); rows of 131072 split across 16 CTAs
+    on sm_90; bwd_defer_stats=1 restores the meeting at every row block in
+    slices of 4096, 2 forces the deferral."""
     plan = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
     assert plan["cluster"] == cluster and plan["deferred_stats"] == deferred, plan
+    assert column_cluster(plan["kernel"]) == cluster, plan
     assert bool(kernel_flags(plan["kernel"]) & DEFER_STATS) == deferred, plan
     if deferred:
         pair = op == "layer_norm" and kw.get("bias", True) and shape[1] <= 16384
@@ -697,15 +702,15 @@ def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, pr
      ("rms_norm", 16384, BF16, True, True, 1), ("rms_norm", 8192, torch.float32, False, False, 1),
      ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 8),
      ("rms_norm", 32768, BF16, True, True, 8), ("rms_norm", 65536, torch.float16, False, True, 8),
-     ("rms_norm", 131072, BF16, False, True, 8), ("rms_norm", 131072, BF16, True, False, 1),
+     ("rms_norm", 131072, BF16, False, True, 16), ("rms_norm", 131072, BF16, True, False, 1),
      ("layer_norm", 16384, torch.float32, False, False, 2)],
 )  # fmt: skip
 def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
     """16-bit backward rows of 7168+ elements (past 8192 beside a residual's dh)
     are staged through shared memory; 16-bit rows one CTA does not cache, up to
-    65536 elements (131072 without a residual's dh: deferred slices, entry 51),
-    become staged slices of a cluster on sm_90+ and keep the split design
-    before; float32 rows never stage."""
+    65536 elements (131072 without a residual's dh: deferred slices, entry 51,
+    on 16 CTAs on sm_90, entry 53), become staged slices of a cluster on sm_90+
+    and keep the split design before; float32 rows never stage."""
     plan = rtcnorm.explain(op, (4096, n), dtype, residual=residual, device="cpu")["backward"]
     # (LayerNorm's staged rows of one CTA run as row clusters of two on sm_90+.)
     column_cluster = 1 if plan["row_cluster"] else plan["cluster"]

@@ -25,6 +25,7 @@ OPS = ("rms_norm", "layer_norm")
 HAS_WEIGHT, HAS_BIAS, ZERO_CENTERED, RESIDUAL, CACHED_ROW, KEEP_GAMMA = 1, 2, 4, 8, 16, 32
 GRAD_DH, WANT_DW, WANT_DB, SMEM_ROW, STAGED_ROW = 64, 128, 256, 4096, 1 << 16
 CLUSTER_SHIFT = 14  # log2 of the CTAs of a thread-block cluster, in two bits
+CLUSTER16 = 1 << 30  # ... or this bit alone: 16 CTAs (sm_90)
 DEFER_STATS = 1 << 29  # backward: the cluster's row sums collected one row block late
 
 # One row length per launch-plan class besides multi-warp (N=4096 covers it),
@@ -77,7 +78,7 @@ def parse(lines, arch):
 
 
 def plan_class(k) -> str:
-    if (k["flags"] >> CLUSTER_SHIFT) & 3:
+    if (k["flags"] >> CLUSTER_SHIFT) & 3 or k["flags"] & CLUSTER16:
         return "cluster"
     if k["flags"] & SMEM_ROW:
         return "smem"
@@ -180,6 +181,22 @@ def test_staged_backward_compiles_on_every_arch(op, arch):
     assert any(k["flags"] & GRAD_DH for k in staged) == (op == "rms_norm" and arch != "sm_80")
     split = {k["n"] for k in kernels if k["kernel"] == f"{op}_bwd_cols"}
     assert split == ({32768} if arch == "sm_80" else set())
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_sixteen_cta_column_clusters_compile_on_sm_90(op):
+    """16-bit backward rows of 131072 elements take deferred slices of 8192 on
+    16-CTA clusters (sm_90's non-portable size; NOTES entry 53); the residual's
+    dh keeps its own plan. Their forward stays on clusters of 8."""
+    kernels = compile_variants(op, [131072], [torch.bfloat16], [None], "sm_90")
+    bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]
+    sixteen = [k for k in bwd if k["flags"] & CLUSTER16]
+    assert sixteen and all(k["flags"] & DEFER_STATS and k["flags"] & STAGED_ROW for k in sixteen)
+    assert all((k["flags"] >> CLUSTER_SHIFT) & 3 == 0 for k in sixteen), "the two low bits stay clear"
+    assert all(k["n"] // k["vec"] // 16 == k["tpr"] * k["nv"] for k in sixteen), "slices of 8192"
+    assert not any(k["flags"] & GRAD_DH for k in sixteen)
+    fwd = [k for k in kernels if k["kernel"] == f"{op}_fwd" and k["flags"] & CACHED_ROW]
+    assert fwd and not any(k["flags"] & CLUSTER16 for k in fwd)
 
 
 @pytest.mark.parametrize("op", OPS)

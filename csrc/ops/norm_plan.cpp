@@ -759,6 +759,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
 //   1446 -> 1815, 4096x16384 1535 -> 2029). Rows of 131072 (slices of
 //   16384) stay split: no cluster plan beat it there.
 constexpr int kMaxCluster = jit::kMaxPortableCluster;
+constexpr int kMaxColumnCluster = 16;  // sm_90's non-portable size (kCluster16)
 // Widest slice the rule splits a row down to: the forward's best register
 // rows are 16-32 KB (RMSNorm / LayerNorm 4096x16384 bf16: 96-97% of copy),
 // the backward's 8192 elements (16 per thread at 512 threads).
@@ -769,13 +770,13 @@ constexpr int kBwd16CacheElems = 32;
 
 // CTAs per cluster for a row of `units` (bytes or elements) cut into slices
 // of at most `slice` units (at most kMaxCluster of them); an override of 2-8
-// forces that size, 1 forbids clusters. Halved until the row's vectors
+// (16 on sm_90) forces that size, 1 forbids clusters. Halved until the row's vectors
 // split evenly; 1 before sm_90.
 static int cluster_size(int override_value, int64_t units, int64_t slice, int64_t nvec, int arch) {
   if (arch < 90 || override_value == 1) return 1;
   int cl = 1;
   if (override_value > 1) {
-    cl = static_cast<int>(pow2_floor(std::min(override_value, kMaxCluster)));
+    cl = static_cast<int>(pow2_floor(std::min(override_value, arch == 90 ? kMaxColumnCluster : kMaxCluster)));
   } else {
     while (cl < kMaxCluster && units > slice * cl) cl *= 2;
   }
@@ -788,7 +789,7 @@ static int cluster_size(int override_value, int64_t units, int64_t slice, int64_
 template <typename Plan>
 static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool explain) {
   plan.key.hidden = static_cast<int32_t>(p.hidden);
-  plan.key.flags |= log2_of_pow2(cl) << kClusterShift;
+  plan.key.flags |= cl == 16 ? kCluster16 : log2_of_pow2(cl) << kClusterShift;
   plan.key.cluster = static_cast<int16_t>(cl);
   if (explain)
     plan.reason += "; row split across a cluster of " + std::to_string(cl) + " CTAs, " + std::to_string(p.hidden / cl) +
@@ -890,6 +891,14 @@ constexpr int64_t kBwd16DeferMinBothSets = 65536;  // LayerNorm's dW and dB: def
 constexpr int64_t kBwd16DeferPairMaxBoth = 16384;  // and up to this one, in the slices below
 constexpr int64_t kBwd16DeferPairSliceElems = 2048;
 constexpr int kBwd16DeferPairCtaThreads = 256;
+// Deferred rows past 65536 elements split across 16 CTAs on sm_90 (its
+// non-portable cluster size), in slices of 8192: more rows a cluster in
+// flight, though only 7 such clusters fit the H100's GPCs (112 CTAs against
+// 15 x 8). H100 kernel-only, bf16, clusters of 8 -> 16, us (entry 53):
+// RMSNorm 512x131072 183.8 -> 175.1, LayerNorm 219.1 -> 205.8; at 65536 it
+// lost (RMSNorm 169.8 -> 181.2, LayerNorm 185.3 -> 212.9), at 32768 it moved
+// 1-2% on 256-thread CTAs.
+constexpr int64_t kBwd16Cluster16MinElems = 131072;
 
 static bool defer_rule(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
   const int forced = norm_tuning().bwd_defer_stats;
@@ -936,7 +945,10 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   const int64_t slice16 = !defer ? kBwd16SliceElems
                           : pair ? kBwd16DeferPairSliceElems
                                  : (both ? 2 : 1) * kBwd16DeferSliceElems;
-  const int cl = cluster_size(forced, p.hidden, wide16 ? slice16 : kBwdSliceElems, p.hidden / choose_vec(p), arch);
+  const int64_t nvec = p.hidden / choose_vec(p);
+  int cl = cluster_size(forced, p.hidden, wide16 ? slice16 : kBwdSliceElems, nvec, arch);
+  if (forced == 0 && defer && arch == 90 && p.hidden >= kBwd16Cluster16MinElems && nvec % kMaxColumnCluster == 0)
+    cl = kMaxColumnCluster;
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;

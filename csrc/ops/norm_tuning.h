@@ -49,7 +49,8 @@ struct NormTuning {
   // 3 = register-cached rows load them into registers beside the row instead.
   int fwd_affine_prefetch = 0;
   // CTAs of a thread-block cluster that split each row (sm_90+): 1 = never,
-  // 2 / 4 / 8 = that many wherever the row divides and each slice caches.
+  // 2 / 4 / 8 (16 on sm_90 only) = that many wherever the row divides and
+  // each slice caches.
   int fwd_cluster = 0;
   int bwd_cluster = 0;
   // Backward cached rows: 1 = x and dy in registers, 2 = staged through a

@@ -5,9 +5,10 @@
 // a second read of the row.
 //
 // Invariants:
-// - CL (CTAs per cluster) is 1, 2, 4 or 8. CL == 1 compiles to nothing, so one
-//   kernel body serves every architecture; CL > 1 needs sm_90+ and a launch
-//   with that cluster shape (jit::launch does both from the kernel key).
+// - CL (CTAs per cluster) is 1, 2, 4, 8 or 16 (sm_90's non-portable size).
+//   CL == 1 compiles to nothing, so one kernel body serves every
+//   architecture; CL > 1 needs sm_90+ and a launch with that cluster shape
+//   (jit::launch does both from the kernel key).
 // - Every thread of every CTA of a cluster makes the same sequence of
 //   cluster_allreduce calls (the row loop is uniform across the cluster) and
 //   calls cluster_exit once after the last: a CTA's shared memory must outlive
@@ -19,9 +20,16 @@
 //   CTA of a cluster ends with bitwise the same statistics.
 #pragma once
 
+#include "common/params.cuh"
 #include "common/reduce.cuh"
 
 namespace rtcnorm {
+
+// CTAs of the column cluster that splits each row (kClusterBits, kCluster16).
+template <unsigned FLAGS>
+__device__ constexpr int column_cluster_ctas() {
+  return (FLAGS & kCluster16) != 0 ? 16 : 1 << ((FLAGS & kClusterBits) >> kClusterShift);
+}
 
 template <int CL>
 __device__ __forceinline__ int cluster_rank() {

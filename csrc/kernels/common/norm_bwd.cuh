@@ -277,7 +277,7 @@ template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, i
 __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
   allow_dependents();
-  constexpr int kCl = 1 << ((FLAGS & kClusterBits) >> kClusterShift);
+  constexpr int kCl = column_cluster_ctas<FLAGS>();
   constexpr int kSlice = N / kCl;      // columns of this CTA's slice of a row
   constexpr int kVecs = kSlice / VEC;  // and its vectors
   constexpr int kChunk = TPR * NV;

@@ -40,7 +40,7 @@ template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, i
 __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
   allow_dependents();
-  constexpr int kCl = 1 << ((FLAGS & kClusterBits) >> kClusterShift);
+  constexpr int kCl = column_cluster_ctas<FLAGS>();
   constexpr int kSlice = N / kCl;
   constexpr int kVecs = kSlice / VEC;
   constexpr bool kEven = kVecs % (TPR * NV) == 0;

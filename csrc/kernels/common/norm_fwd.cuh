@@ -208,7 +208,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   using Stats = NormStats<KIND>;
   using Acc = typename Stats::Acc;
   using PT = Pack<T, VEC>;
-  constexpr int kCl = 1 << ((FLAGS & kClusterBits) >> kClusterShift);
+  constexpr int kCl = column_cluster_ctas<FLAGS>();
   constexpr int kVecs = N / VEC / kCl;  // vectors of this CTA's slice of a row
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;

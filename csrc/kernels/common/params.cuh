@@ -37,8 +37,9 @@ enum NormFlags : unsigned {
   kSmemRow = 1u << 12,         // forward: the row stays in dynamic shared memory between passes
   kPrefetchAffine = 1u << 13,  // forward: gamma/beta lines are fetched into L1 beside the row's loads
   // log2 of the CTAs of a thread-block cluster that split each row's columns
-  // (0: one CTA per row group; 1..3: clusters of 2, 4 or 8, sm_90+). See
-  // common/cluster.cuh; the host launches with the same cluster shape.
+  // (0: one CTA per row group; 1..3: clusters of 2, 4 or 8, sm_90+; 16 is
+  // kCluster16). See common/cluster.cuh; the host launches with the same
+  // cluster shape.
   kClusterBits = 3u << 14,
   // backward, cached rows: x, dy (and dh) are staged through a two-stage ring
   // in dynamic shared memory by cp.async, the next row block's copies in
@@ -79,6 +80,9 @@ enum NormFlags : unsigned {
   // later, so a CTA's dx of row block k waits for its peers' sums of k while
   // it sums row block k + 1 (common/norm_bwd_deferred.cuh).
   kDeferStats = 1u << 29,
+  // The high bit of kClusterBits' log2: set alone (the two low bits clear),
+  // a cluster of 16 CTAs splits each row (sm_90's non-portable size).
+  kCluster16 = 1u << 30,
 };
 constexpr int kClusterShift = 14;
 constexpr int kRingExtraShift = 19;
