@@ -258,6 +258,38 @@ def test_gpu_cached_row_statistics_both_ways(poison, n, dtype, mode, two_pass):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("n", "dtype", "cluster", "mode", "layout"),
+    [(131072, torch.bfloat16, 0, None, "cluster of 8"), (131072, torch.float16, 16, None, "cluster of 16"),
+     (24576, torch.bfloat16, 8, None, "cluster of 8"), (65536, torch.float16, 0, None, "shared memory"),
+     (262144, torch.bfloat16, 0, "multi_wave_reload", "streamed"), (5120, torch.bfloat16, 0, None, "merged")],
+)  # fmt: skip
+def test_gpu_equal_count_merges_keep_exact_means(poison, n, dtype, cluster, mode, layout):
+    """Rows whose statistics merge (count, mean, M2) triples across lanes, warps
+    and cluster CTAs, every thread holding the same count: each merge then
+    joins equal counts and divides by nothing (MeanM2Eq). Cluster slices
+    (the rule's 8, forced 16 and 8), a row in shared memory, streamed chunks
+    and a many-row grid that merges rather than taking two passes. Rows sit
+    around a mean of 1000 and every fifth repeats one value: rstd is then
+    1 / sqrt(eps), so any error in the mean shows in the output."""
+    clustered = layout.startswith("cluster")
+    if clustered and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90+")
+    m = 8 * torch.cuda.get_device_properties(0).multi_processor_count * 8 + 37 if layout == "merged" else 37
+    with _tuning.override(fwd_cluster=cluster):
+        plan = rtcnorm.explain("layer_norm", (m, n), dtype, mode=mode)
+        assert "two passes" not in plan["reason"], plan
+        if clustered:
+            assert plan["cluster"] == (cluster or 8) or torch.cuda.get_device_capability() != (9, 0), plan
+        else:
+            assert plan["cluster"] == 1 and plan["cached_row"] == (layout != "streamed"), plan
+            assert (plan["smem"] > 0) == (layout == "shared memory"), plan
+        x, w, b, _ = ln_inputs((m, n), [n], dtype, "cuda", "weight_bias", shift=1000.0)
+        x[::5] = x[::5, :1].clone()  # fp32 sums of these values are exact: x - mean must be exactly 0
+        check_layer_norm(x, [n], w, b, mode=mode, poison=poison, stat_scale=10.0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "auto")
 @pytest.mark.parametrize(
     ("n", "dtype", "variant"),

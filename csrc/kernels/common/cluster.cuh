@@ -16,8 +16,8 @@
 // - Slots are double-buffered by call parity. A CTA overwrites slot[k & 1] in
 //   call k only after passing call k - 1's barrier, which no CTA reaches
 //   before it has finished reading call k - 2's slots.
-// - Partials are merged in rank order, the same order in every CTA, so every
-//   CTA of a cluster ends with bitwise the same statistics.
+// - Partials are merged in rank order (merge_in_order), the same order in
+//   every CTA, so every CTA of a cluster ends with bitwise the same statistics.
 #pragma once
 
 #include "common/params.cuh"
@@ -123,10 +123,7 @@ __device__ __forceinline__ Acc cluster_collect(Acc v, ClusterScratch<CL, ROWS, A
     Acc part[CL];
 #pragma unroll
     for (int k = 0; k < CL; ++k) part[k] = load_remote(slot, k);
-    Acc r = part[0];
-#pragma unroll
-    for (int k = 1; k < CL; ++k) r = merge(r, part[k]);
-    return r;
+    return merge_in_order<CL>(part);
   }
 }
 

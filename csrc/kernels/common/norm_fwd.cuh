@@ -217,6 +217,13 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kKeep = (FLAGS & kKeepGamma) != 0;
   constexpr bool kRes = (FLAGS & kResidual) != 0;
   constexpr bool kEven = kVecs % kChunk == 0;
+  // Whole chunks: every thread of a group sums the same count of elements,
+  // so LayerNorm's (count, mean, M2) triples meet in equal-count merges
+  // (MeanM2Eq, no division) across lanes, warps and cluster CTAs, where the
+  // warps of a group pair off (a power of two of them).
+  constexpr int kWarps = TPR > 32 ? TPR / 32 : 1;
+  constexpr bool kEqualCounts = KIND == kLayerNorm && kEven && (kWarps & (kWarps - 1)) == 0;
+  using Red = typename Select<kEqualCounts, MeanM2Eq, Acc>::type;
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr bool kNext = (kCached || (kSmem && kChunks == 1)) && (FLAGS & kPrefetchNext) != 0;
@@ -236,9 +243,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
   static_assert(!kTwoPass || (kCached && kCl == 1), "two-pass statistics read a row one CTA caches");
 
-  __shared__ GroupScratch<TPR, kTwoPass ? 1 : ROWS, Acc> scratch;
+  __shared__ GroupScratch<TPR, kTwoPass ? 1 : ROWS, Red> scratch;
   __shared__ GroupScratch<TPR, kTwoPass ? ROWS : 1, Sum1> scratch1;
-  __shared__ ClusterScratch<kCl, ROWS, Acc> cscratch;
+  __shared__ ClusterScratch<kCl, ROWS, Red> cscratch;
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
   const int rank = cluster_rank<kCl>();
@@ -331,9 +338,10 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     if constexpr (kTwoPass) {
       two_pass_stats<T, VEC, TPR, ROWS, NV, N, kVecs>(cache, row_ok, lane, p.eps, scratch1, mean, rstd);
     } else {
-      acc = group_allreduce<TPR, ROWS>(acc, scratch);
-      acc = cluster_allreduce<kCl, ROWS>(acc, cscratch, calls++, group, lane == 0);
-      Stats::finish(acc, N, p.eps, mean, rstd);
+      Red red = AccAs<Red>::from(acc);
+      red = group_allreduce<TPR, ROWS>(red, scratch);
+      red = cluster_allreduce<kCl, ROWS>(red, cscratch, calls++, group, lane == 0);
+      Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
     }
     if (row_ok && lane == 0 && rank == 0) {
       p.rstd[row] = rstd;

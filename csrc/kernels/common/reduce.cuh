@@ -2,12 +2,18 @@
 // one row. A CTA holds ROWS row groups (TPR * ROWS <= 1024 threads).
 //
 // Invariants:
-// - TPR is a power of two. For TPR <= 32 a group lives inside one warp and is
-//   reduced with xor shuffles that never cross the group boundary; for TPR > 32
-//   the group spans TPR / 32 whole warps, combined through shared memory.
+// - TPR is a power of two up to 32, else a multiple of 32. For TPR <= 32 a
+//   group lives inside one warp and is reduced with xor shuffles that never
+//   cross the group boundary; for TPR > 32 the group spans TPR / 32 whole
+//   warps, combined through shared memory.
 // - Every merge is done in a fixed order with the lower-lane (or lower-warp)
 //   operand first, so every thread of a group ends with bitwise the same value
 //   and the result does not depend on scheduling.
+// - MeanM2Eq is merged only with an equal count: every thread of the group
+//   holds the same number of elements (or none, a row past the end), the
+//   lanes meet in a butterfly and the warps (cluster CTAs), a power of two
+//   of them, in a pairwise tree (merge_in_order), so both operands of each
+//   merge cover equally many. That makes the merge division-free.
 // - group_allreduce contains __syncthreads when TPR > 32: every thread of the
 //   CTA must call it the same number of times (rows past the end included).
 #pragma once
@@ -26,6 +32,22 @@ struct MeanM2 {
   float n, mean, m2;
 };
 
+// The same moments where every merge joins two equal counts (see the
+// invariant above): the weight of each side is exactly 1/2, so Chan's
+// formula needs no division, and a row of equal values keeps its exact mean.
+struct MeanM2Eq {
+  float n, mean, m2;
+};
+
+template <bool C, typename A, typename B>
+struct Select {
+  using type = A;
+};
+template <typename A, typename B>
+struct Select<false, A, B> {
+  using type = B;
+};
+
 __device__ __forceinline__ Sum1 merge(Sum1 lo, Sum1 hi) { return {lo.a + hi.a}; }
 __device__ __forceinline__ Sum2 merge(Sum2 lo, Sum2 hi) { return {lo.a + hi.a, lo.b + hi.b}; }
 __device__ __forceinline__ MeanM2 merge(MeanM2 lo, MeanM2 hi) {
@@ -37,6 +59,50 @@ __device__ __forceinline__ MeanM2 merge(MeanM2 lo, MeanM2 hi) {
   return {n, lo.mean + delta * w_hi, lo.m2 + hi.m2 + delta * delta * lo.n * w_hi};
 }
 
+__device__ __forceinline__ MeanM2Eq merge(MeanM2Eq lo, MeanM2Eq hi) {
+  const float delta = hi.mean - lo.mean;
+  // n_lo * n_hi / (n_lo + n_hi) with n_hi == n_lo is n_lo / 2.
+  return {lo.n + hi.n, 0.5f * (lo.mean + hi.mean), lo.m2 + hi.m2 + delta * delta * (0.5f * lo.n)};
+}
+
+// An accumulator as type To: itself, or the moments as the other of MeanM2
+// and MeanM2Eq (the same three fields).
+template <typename To>
+struct AccAs {
+  __device__ static To from(To a) { return a; }
+};
+template <>
+struct AccAs<MeanM2Eq> {
+  __device__ static MeanM2Eq from(MeanM2 a) { return {a.n, a.mean, a.m2}; }
+  __device__ static MeanM2Eq from(MeanM2Eq a) { return a; }
+};
+template <>
+struct AccAs<MeanM2> {
+  __device__ static MeanM2 from(MeanM2Eq a) { return {a.n, a.mean, a.m2}; }
+  __device__ static MeanM2 from(MeanM2 a) { return a; }
+};
+
+// Merges K partials of equal counts as a pairwise tree in index order
+// (K a power of two), any other accumulator left to right; the order is
+// fixed, so every thread that calls it gets bitwise the same result.
+template <int K, typename Acc>
+__device__ __forceinline__ Acc merge_in_order(Acc (&part)[K]) {
+  Acc r = part[0];
+#pragma unroll
+  for (int k = 1; k < K; ++k) r = merge(r, part[k]);
+  return r;
+}
+template <int K>
+__device__ __forceinline__ MeanM2Eq merge_in_order(MeanM2Eq (&part)[K]) {
+  static_assert((K & (K - 1)) == 0, "equal-count merges pair a power of two of partials");
+#pragma unroll
+  for (int step = 1; step < K; step *= 2) {
+#pragma unroll
+    for (int k = 0; k + step < K; k += 2 * step) part[k] = merge(part[k], part[k + step]);
+  }
+  return part[0];
+}
+
 __device__ __forceinline__ Sum1 shfl_xor(Sum1 v, int m) { return {__shfl_xor_sync(0xffffffffu, v.a, m)}; }
 __device__ __forceinline__ Sum2 shfl_xor(Sum2 v, int m) {
   return {__shfl_xor_sync(0xffffffffu, v.a, m), __shfl_xor_sync(0xffffffffu, v.b, m)};
@@ -44,6 +110,10 @@ __device__ __forceinline__ Sum2 shfl_xor(Sum2 v, int m) {
 __device__ __forceinline__ MeanM2 shfl_xor(MeanM2 v, int m) {
   return {__shfl_xor_sync(0xffffffffu, v.n, m), __shfl_xor_sync(0xffffffffu, v.mean, m),
           __shfl_xor_sync(0xffffffffu, v.m2, m)};
+}
+// The partner's count equals this lane's (the MeanM2Eq invariant): not sent.
+__device__ __forceinline__ MeanM2Eq shfl_xor(MeanM2Eq v, int m) {
+  return {v.n, __shfl_xor_sync(0xffffffffu, v.mean, m), __shfl_xor_sync(0xffffffffu, v.m2, m)};
 }
 
 // Butterfly over the WIDTH lanes of each aligned lane block (WIDTH <= 32).
@@ -73,11 +143,11 @@ __device__ __forceinline__ Acc group_allreduce(Acc v, GroupScratch<TPR, ROWS, Ac
     const int warp_in_group = (threadIdx.x % TPR) / 32;
     if ((threadIdx.x & 31) == 0) scratch.slot[group * kWarpsPerRow + warp_in_group] = v;
     __syncthreads();
-    Acc r = scratch.slot[group * kWarpsPerRow];
+    Acc part[kWarpsPerRow];
 #pragma unroll
-    for (int w = 1; w < kWarpsPerRow; ++w) r = merge(r, scratch.slot[group * kWarpsPerRow + w]);
+    for (int w = 0; w < kWarpsPerRow; ++w) part[w] = scratch.slot[group * kWarpsPerRow + w];
     __syncthreads();
-    v = r;
+    v = merge_in_order<kWarpsPerRow>(part);
   }
   return v;
 }
