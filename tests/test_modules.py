@@ -573,6 +573,34 @@ def test_few_row_grids_fetch_gamma_beside_the_row(op, m, n, fetch):
 
 
 @pytest.mark.parametrize(
+    ("op", "m", "n", "kw", "preload"),
+    [("layer_norm", 2048, 32768, {}, True), ("layer_norm", 4096, 32768, {"dtype": torch.float16}, True),
+     ("layer_norm", 2048, 24576, {}, False),  # 384-thread CTAs at 64 elements a thread lost with it
+     ("layer_norm", 256, 262144, {}, False),  # as did 512-thread slices of a cluster
+     ("layer_norm", 2048, 32768, {"weight_dtype": torch.float32}, False),  # float32 packs: 128 registers
+     ("layer_norm", 2048, 32768, {"bias": False}, False),  # not a wide_ln_row: two CTAs an SM
+     ("layer_norm", 4096, 16384, {}, False),  # 256-thread CTAs, launch bounds of two
+     ("layer_norm", 1024, 65536, {}, False),  # the row in shared memory
+     ("rms_norm", 2048, 32768, {}, False)],  # two CTAs an SM: 64 registers, spilled with the packs
+)  # fmt: skip
+def test_wide_layer_norm_rows_preload_gamma_and_beta(op, m, n, kw, preload):
+    """16-bit LayerNorm rows with 16-bit gamma and beta that one 512-thread CTA
+    an SM caches in registers (launch bounds of one: 128 registers a thread)
+    load both beside the row (kPreloadAffine, NOTES entry 53); nothing else in
+    a full grid does, cluster slices of the same shape included."""
+    kw = {"dtype": BF16, **kw}
+    plan = rtcnorm.explain(op, (m, n), device="cpu", sm_count=132, arch="sm_90", **kw)
+    flags = kernel_flags(plan["kernel"])
+    assert bool(flags & PRELOAD_AFFINE) == preload, plan
+    assert not flags & PREFETCH_AFFINE, plan
+    if preload:
+        assert plan["cached_row"] and plan["smem"] == 0 and plan["kernel"].endswith(", 1>"), plan
+        with _tuning.override(fwd_affine_prefetch=1):
+            off = rtcnorm.explain(op, (m, n), device="cpu", sm_count=132, arch="sm_90", **kw)
+        assert not kernel_flags(off["kernel"]) & (PREFETCH_AFFINE | PRELOAD_AFFINE), off
+
+
+@pytest.mark.parametrize(
     ("op", "shape", "dtype", "late"),
     [("rms_norm", (1, 4096), BF16, True), ("rms_norm", (32, 4096), BF16, True), ("rms_norm", (264, 4096), BF16, True),
      ("rms_norm", (266, 4096), BF16, False), ("layer_norm", (256, 4096), BF16, True),

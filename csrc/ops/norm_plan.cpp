@@ -269,18 +269,30 @@ static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kW
 // Rows of more vectors a thread keep the prefetch: RMSNorm 1x65536 (8
 // vectors) lost 38% with the packs held in registers. Override 3 forces the
 // preload on every register-cached row.
+//
+// So does a 16-bit LayerNorm row of 16-bit gamma and beta on a 512-thread CTA
+// alone on its SM (wide_ln_row, 128 registers a thread): its 64 registers of
+// packs fit beside the row, and the normalize step waits on no L2 round trip
+// after the reduction (H100 kernel-only, bf16, us, NOTES entry 53: 1024x32768
+// 54.4 -> 53.3, 2048x32768 101.5 -> 97.6, 4096x32768 196.4 -> 187.6).
+// 384-thread CTAs (2048x24576: 81.3 -> 82.6) and the same slices of a
+// cluster (256x262144: 165.8 -> 189.1) lost with it; RMSNorm's rows of
+// 32768 run two CTAs an SM (64 registers) and spilled (94 -> 132).
 static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool keep, bool in_regs, int nv,
-                                  bool latency_layout, bool small_grid) {
+                                  bool latency_layout, bool small_grid, bool wide_ln) {
   if (keep || !(p.has_weight || p.has_bias)) return 0u;
   if (override_value == 3) return in_regs ? kPreloadAffine : kPrefetchAffine;
   if (override_value > 0) return override_value == 2 ? kPrefetchAffine : 0u;
   if (in_regs && latency_layout && nv <= kLatencyVecs) return kPreloadAffine;
+  const bool packs16 = jit::element_size(p.dtype) == 2 && jit::element_size(p.wdtype) == 2;
+  if (in_regs && wide_ln && packs16) return kPreloadAffine;
   return small_grid ? kPrefetchAffine : 0u;
 }
 
 // The plan for one CTA (or row group) per row; plan_norm_fwd may split the
 // row across a cluster of such CTAs instead.
-static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
+static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain,
+                                bool cluster_slice = false) {
   const NormTuning& t = norm_tuning();
   const int kNarrowRow = pick(t.narrow_row, kDefaultNarrowRow);
   const bool narrow = p.hidden <= kNarrowRow;
@@ -446,7 +458,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
             (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
             (keep ? kKeepGamma : 0u) |
             hint_bits(t.fwd_hints, p.hidden >= 32768 && !in_smem, plan.persistent && in_regs) |
-            affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid);
+            affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
+                              !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes));
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
@@ -833,7 +846,7 @@ static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
   // Clusters, not CTAs, are what fill the device (the decode-sized grid rule).
-  const NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain);
+  const NormFwdPlan cplan = plan_fwd_cta(slice, requested, std::max(1, sm_count / cl), arch, explain, true);
   return cplan.cached ? widen_to_cluster(cplan, p, cl, explain) : plan;
 }
 
