@@ -266,12 +266,13 @@ def test_gpu_cached_row_statistics_both_ways(poison, n, dtype, mode, two_pass):
 )  # fmt: skip
 def test_gpu_equal_count_merges_keep_exact_means(poison, n, dtype, cluster, mode, layout):
     """Rows whose statistics merge (count, mean, M2) triples across lanes, warps
-    and cluster CTAs, every thread holding the same count: each merge then
-    joins equal counts and divides by nothing (MeanM2Eq). Cluster slices
-    (the rule's 8, forced 16 and 8), a row in shared memory, streamed chunks
-    and a many-row grid that merges rather than taking two passes. Rows sit
-    around a mean of 1000 and every fifth repeats one value: rstd is then
-    1 / sqrt(eps), so any error in the mean shows in the output."""
+    and cluster CTAs, every thread holding the same count: each merge of
+    cluster slices (the rule's 8, forced 16 and 8), a row in shared memory and
+    streamed chunks joins equal counts and divides by nothing (MeanM2Eq); a
+    register row of a many-row grid merges with the general formula rather
+    than taking two passes. Rows sit around a mean of 1000 and every fifth
+    repeats one value: rstd is then 1 / sqrt(eps), so any error in the mean
+    shows in the output."""
     clustered = layout.startswith("cluster")
     if clustered and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters need sm_90+")

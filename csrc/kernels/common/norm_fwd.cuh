@@ -220,9 +220,14 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   // Whole chunks: every thread of a group sums the same count of elements,
   // so LayerNorm's (count, mean, M2) triples meet in equal-count merges
   // (MeanM2Eq, no division) across lanes, warps and cluster CTAs, where the
-  // warps of a group pair off (a power of two of them).
+  // warps of a group pair off (a power of two of them). Cluster slices,
+  // shared-memory and streamed rows take them (H100, NOTES entry 53: bf16
+  // 512x131072 129.5 -> 109.5 us, 1024x65536 114.1 -> 104.5); a row one CTA
+  // caches in registers keeps the general merge where it does not take two
+  // passes: its many-row grids ran 1-2% slower with them (16384x7168).
   constexpr int kWarps = TPR > 32 ? TPR / 32 : 1;
-  constexpr bool kEqualCounts = KIND == kLayerNorm && kEven && (kWarps & (kWarps - 1)) == 0;
+  constexpr bool kOneCtaRegisterRow = kCached && kCl == 1;
+  constexpr bool kEqualCounts = KIND == kLayerNorm && kEven && (kWarps & (kWarps - 1)) == 0 && !kOneCtaRegisterRow;
   using Red = typename Select<kEqualCounts, MeanM2Eq, Acc>::type;
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;

@@ -39,6 +39,15 @@ struct MeanM2Eq {
   float n, mean, m2;
 };
 
+template <typename Acc>
+struct IsMeanM2Eq {
+  static constexpr bool value = false;
+};
+template <>
+struct IsMeanM2Eq<MeanM2Eq> {
+  static constexpr bool value = true;
+};
+
 template <bool C, typename A, typename B>
 struct Select {
   using type = A;
@@ -143,11 +152,19 @@ __device__ __forceinline__ Acc group_allreduce(Acc v, GroupScratch<TPR, ROWS, Ac
     const int warp_in_group = (threadIdx.x % TPR) / 32;
     if ((threadIdx.x & 31) == 0) scratch.slot[group * kWarpsPerRow + warp_in_group] = v;
     __syncthreads();
-    Acc part[kWarpsPerRow];
+    const Acc* slot = &scratch.slot[group * kWarpsPerRow];
+    Acc r = slot[0];
+    if constexpr (IsMeanM2Eq<Acc>::value) {
+      Acc part[kWarpsPerRow];
 #pragma unroll
-    for (int w = 0; w < kWarpsPerRow; ++w) part[w] = scratch.slot[group * kWarpsPerRow + w];
+      for (int w = 0; w < kWarpsPerRow; ++w) part[w] = slot[w];
+      r = merge_in_order<kWarpsPerRow>(part);
+    } else {
+#pragma unroll
+      for (int w = 1; w < kWarpsPerRow; ++w) r = merge(r, slot[w]);
+    }
     __syncthreads();
-    v = merge_in_order<kWarpsPerRow>(part);
+    v = r;
   }
   return v;
 }
