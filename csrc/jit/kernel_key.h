@@ -19,8 +19,9 @@
 namespace rtcnorm::jit {
 
 // CTAs a thread-block cluster may hold without the non-portable opt-in that
-// get_kernel makes for larger ones (sm_90 allows 16 with it).
+// get_kernel makes for larger ones, and the most sm_90 allows with it.
 constexpr int kMaxPortableCluster = 8;
+constexpr int kMaxNonPortableCluster = 16;
 
 struct KernelKey;
 

@@ -772,7 +772,9 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
 //   1446 -> 1815, 4096x16384 1535 -> 2029). Rows of 131072 (slices of
 //   16384) stay split: no cluster plan beat it there.
 constexpr int kMaxCluster = jit::kMaxPortableCluster;
-constexpr int kMaxColumnCluster = 16;  // sm_90's non-portable size (kCluster16)
+// The largest cluster a tuning override (or the 16-CTA backward rule) may
+// ask for: sm_90's non-portable size there, the portable one elsewhere.
+static int max_cluster_on(int arch) { return arch == 90 ? jit::kMaxNonPortableCluster : kMaxCluster; }
 // Widest slice the rule splits a row down to: the forward's best register
 // rows are 16-32 KB (RMSNorm / LayerNorm 4096x16384 bf16: 96-97% of copy),
 // the backward's 8192 elements (16 per thread at 512 threads).
@@ -789,7 +791,7 @@ static int cluster_size(int override_value, int64_t units, int64_t slice, int64_
   if (arch < 90 || override_value == 1) return 1;
   int cl = 1;
   if (override_value > 1) {
-    cl = static_cast<int>(pow2_floor(std::min(override_value, arch == 90 ? kMaxColumnCluster : kMaxCluster)));
+    cl = static_cast<int>(pow2_floor(std::min(override_value, max_cluster_on(arch))));
   } else {
     while (cl < kMaxCluster && units > slice * cl) cl *= 2;
   }
@@ -802,7 +804,7 @@ static int cluster_size(int override_value, int64_t units, int64_t slice, int64_
 template <typename Plan>
 static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool explain) {
   plan.key.hidden = static_cast<int32_t>(p.hidden);
-  plan.key.flags |= cl == 16 ? kCluster16 : log2_of_pow2(cl) << kClusterShift;
+  plan.key.flags |= cl == jit::kMaxNonPortableCluster ? kCluster16 : log2_of_pow2(cl) << kClusterShift;
   plan.key.cluster = static_cast<int16_t>(cl);
   if (explain)
     plan.reason += "; row split across a cluster of " + std::to_string(cl) + " CTAs, " + std::to_string(p.hidden / cl) +
@@ -960,8 +962,9 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
                                  : (both ? 2 : 1) * kBwd16DeferSliceElems;
   const int64_t nvec = p.hidden / choose_vec(p);
   int cl = cluster_size(forced, p.hidden, wide16 ? slice16 : kBwdSliceElems, nvec, arch);
-  if (forced == 0 && defer && arch == 90 && p.hidden >= kBwd16Cluster16MinElems && nvec % kMaxColumnCluster == 0)
-    cl = kMaxColumnCluster;
+  const int wide_cl = max_cluster_on(arch);
+  if (forced == 0 && defer && wide_cl > kMaxCluster && p.hidden >= kBwd16Cluster16MinElems && nvec % wide_cl == 0)
+    cl = wide_cl;
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
@@ -1019,7 +1022,6 @@ static NormBwdPlan with_gamma_rule(NormBwdPlan plan, int sm_count, bool explain)
 //   clusters of 2-8; staged 32x8192 6.97 -> 7.39, LayerNorm 9.61 -> 9.68).
 // - register rows (N = 128-4096, 256-4096 rows) lost 2-38%.
 // Those keep one partial row a CTA.
-constexpr int kMaxRowCluster = 16;  // sm_90's non-portable cluster size (tuning override only; else kMaxCluster)
 constexpr int kRuleRowCluster = 2;
 constexpr int64_t kRowClusterMinHidden = 8192;       // one-gradient rows of at least this width
 constexpr int64_t kRowClusterMaxRowBlocksPerSm = 8;  // and at most this many row blocks an SM
@@ -1030,7 +1032,7 @@ static int row_cluster_size(const NormBwdPlan& plan, int sm_count, int arch) {
                         (f & (kWantDw | kWantDb)) != 0 && plan.row_blocks > 1;
   const int forced = norm_tuning().bwd_row_cluster;
   if (!eligible || forced == 1) return 1;
-  if (forced > 1) return static_cast<int>(pow2_floor(std::min(forced, arch == 90 ? kMaxRowCluster : kMaxCluster)));
+  if (forced > 1) return static_cast<int>(pow2_floor(std::min(forced, max_cluster_on(arch))));
   const bool two_grads = (f & kWantDw) != 0 && (f & kWantDb) != 0;
   const bool wide_few = plan.key.hidden >= kRowClusterMinHidden &&
                         plan.row_blocks <= kRowClusterMaxRowBlocksPerSm * std::max(1, sm_count);

@@ -39,15 +39,6 @@ struct MeanM2Eq {
   float n, mean, m2;
 };
 
-template <typename Acc>
-struct IsMeanM2Eq {
-  static constexpr bool value = false;
-};
-template <>
-struct IsMeanM2Eq<MeanM2Eq> {
-  static constexpr bool value = true;
-};
-
 template <bool C, typename A, typename B>
 struct Select {
   using type = A;
@@ -91,25 +82,29 @@ struct AccAs<MeanM2> {
   __device__ static MeanM2 from(MeanM2 a) { return a; }
 };
 
-// Merges K partials of equal counts as a pairwise tree in index order
-// (K a power of two), any other accumulator left to right; the order is
-// fixed, so every thread that calls it gets bitwise the same result.
+// Merges the K partials at `part` (registers or shared memory) in a fixed
+// order, so every thread that calls it gets bitwise the same result: left to
+// right, each read as the merge needs it, or, for MeanM2Eq, as a pairwise
+// tree in index order (K a power of two) so that each merge joins equal counts.
 template <int K, typename Acc>
-__device__ __forceinline__ Acc merge_in_order(Acc (&part)[K]) {
+__device__ __forceinline__ Acc merge_in_order(const Acc* part) {
   Acc r = part[0];
 #pragma unroll
   for (int k = 1; k < K; ++k) r = merge(r, part[k]);
   return r;
 }
 template <int K>
-__device__ __forceinline__ MeanM2Eq merge_in_order(MeanM2Eq (&part)[K]) {
+__device__ __forceinline__ MeanM2Eq merge_in_order(const MeanM2Eq* part) {
   static_assert((K & (K - 1)) == 0, "equal-count merges pair a power of two of partials");
+  MeanM2Eq t[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) t[k] = part[k];
 #pragma unroll
   for (int step = 1; step < K; step *= 2) {
 #pragma unroll
-    for (int k = 0; k + step < K; k += 2 * step) part[k] = merge(part[k], part[k + step]);
+    for (int k = 0; k + step < K; k += 2 * step) t[k] = merge(t[k], t[k + step]);
   }
-  return part[0];
+  return t[0];
 }
 
 __device__ __forceinline__ Sum1 shfl_xor(Sum1 v, int m) { return {__shfl_xor_sync(0xffffffffu, v.a, m)}; }
@@ -152,17 +147,7 @@ __device__ __forceinline__ Acc group_allreduce(Acc v, GroupScratch<TPR, ROWS, Ac
     const int warp_in_group = (threadIdx.x % TPR) / 32;
     if ((threadIdx.x & 31) == 0) scratch.slot[group * kWarpsPerRow + warp_in_group] = v;
     __syncthreads();
-    const Acc* slot = &scratch.slot[group * kWarpsPerRow];
-    Acc r = slot[0];
-    if constexpr (IsMeanM2Eq<Acc>::value) {
-      Acc part[kWarpsPerRow];
-#pragma unroll
-      for (int w = 0; w < kWarpsPerRow; ++w) part[w] = slot[w];
-      r = merge_in_order<kWarpsPerRow>(part);
-    } else {
-#pragma unroll
-      for (int w = 1; w < kWarpsPerRow; ++w) r = merge(r, slot[w]);
-    }
+    const Acc r = merge_in_order<kWarpsPerRow>(&scratch.slot[group * kWarpsPerRow]);
     __syncthreads();
     v = r;
   }
