@@ -270,6 +270,22 @@ def test_rows_split_across_a_cluster(op, n, variant, dtype, mode, cluster, poiso
 
 
 @needs_clusters
+@pytest.mark.parametrize("cluster", [4, 16])
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_cluster_exchange_over_many_row_blocks(op, cluster, poison):
+    """Each cluster walks dozens of row blocks (1003 rows over at most 33
+    clusters), so the pushed partials' slots and mbarriers cycle through both
+    parities and many phases, forward and backward, with a tail row block
+    past M and the CTAs of a cluster free to drift apart between exchanges."""
+    m, n, dtype = 1003, 32768, torch.bfloat16
+    variant = "weight" if op == "rms_norm" else "weight_bias"
+    with _tuning.override(fwd_cluster=cluster, bwd_cluster=cluster):
+        plan = rtcnorm.explain(op, (m, n), dtype)
+        assert plan["cluster"] == cluster and plan["backward"]["cluster"] == cluster, plan
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+
+
+@needs_clusters
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_cluster_weight_grads_are_bitwise_reproducible_and_match_one_cta(op):
     """The cluster backward's dW/dB are the same bits on every run, and agree
@@ -319,7 +335,8 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
 @pytest.mark.parametrize(
     ("m", "n", "dtype", "cluster"),
     [(2 * 132 + 5, 32768, torch.bfloat16, 0), (37, 65536, torch.float16, 0), (9, 131072, torch.bfloat16, 0),
-     (300, 20480, torch.bfloat16, 4), (131, 24576, torch.float16, 8), (3, 32768, torch.bfloat16, 8)],
+     (300, 20480, torch.bfloat16, 4), (131, 24576, torch.float16, 8), (3, 32768, torch.bfloat16, 8),
+     (1029, 32768, torch.bfloat16, 0)],
 )  # fmt: skip
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_deferred_cluster_sums_change_no_bit(op, m, n, dtype, cluster, poison):

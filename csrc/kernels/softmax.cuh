@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
 
   __shared__ GroupScratch<TPR, ROWS, MaxSum> scratch;
   __shared__ ClusterScratch<kCl, ROWS, MaxSum> cscratch;
+  cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int rank = cluster_rank<kCl>();
   int calls = 0;  // cluster_allreduce calls so far (slot parity)
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       }
     }
     MaxSum tot = group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch);
-    tot = cluster_allreduce<kCl, ROWS>(tot, cscratch, calls++, 0, threadIdx.x == 0);
+    tot = cluster_allreduce<kCl, ROWS, TPR>(tot, cscratch, calls++, 0, static_cast<int>(threadIdx.x));
     const float f = row_factor(m, tot);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -340,7 +341,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       }
     }
   }
-  cluster_exit<kCl>();
+  cluster_exit<kCl>(calls);
 }
 
 template <typename T, int VEC, int TPR, int ROWS, int NV, bool CAUSAL, bool CACHED, int MINB, unsigned OPTS>
@@ -356,6 +357,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
   __shared__ ClusterScratch<kCl, ROWS, Sum1> cscratch;
+  cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int rank = cluster_rank<kCl>();
   int calls = 0;
@@ -431,7 +433,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
       load_chunk(0, yv, gv);
       if constexpr (kPrefetch) prefetch_rows(rb + gridDim.x);
       Sum1 dot = group_allreduce<TPR, ROWS>(Sum1{dot_chunk(0, yv, gv, 0.f)}, scratch);
-      dot = cluster_allreduce<kCl, ROWS>(dot, cscratch, calls++, 0, threadIdx.x == 0);
+      dot = cluster_allreduce<kCl, ROWS, TPR>(dot, cscratch, calls++, 0, static_cast<int>(threadIdx.x));
       store_chunk(0, yv, gv, dot.a);
     } else {
       float s = 0.f;
@@ -451,7 +453,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
       }
     }
   }
-  cluster_exit<kCl>();
+  cluster_exit<kCl>(calls);
 }
 
 }  // namespace rtcnorm

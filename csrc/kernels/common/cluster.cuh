@@ -9,13 +9,13 @@
 //   CL == 1 compiles to nothing, so one kernel body serves every
 //   architecture; CL > 1 needs sm_90+ and a launch with that cluster shape
 //   (jit::launch does both from the kernel key).
-// - Every thread of every CTA of a cluster makes the same sequence of
-//   cluster_allreduce calls (the row loop is uniform across the cluster) and
-//   calls cluster_exit once after the last: a CTA's shared memory must outlive
-//   the other CTAs' reads of its slots.
-// - Slots are double-buffered by call parity. A CTA overwrites slot[k & 1] in
-//   call k only after passing call k - 1's barrier, which no CTA reaches
-//   before it has finished reading call k - 2's slots.
+// - Every thread of every CTA of a cluster calls cluster_exchange_init once,
+//   then makes the same sequence of publish / collect calls (the row loop is
+//   uniform across the cluster), then calls cluster_exit once with the count.
+// - Each CTA pushes its partial into a slot of every CTA of the cluster
+//   (st.async), and an mbarrier per slot parity counts the bytes in; a CTA
+//   reads only its own shared memory to merge. cluster_publish gives the
+//   argument for reusing slots and mbarriers by call parity.
 // - Partials are merged in rank order (merge_in_order), the same order in
 //   every CTA, so every CTA of a cluster ends with bitwise the same statistics.
 #pragma once
@@ -54,12 +54,21 @@ __device__ __forceinline__ void cluster_barrier() {
   cluster_wait();
 }
 
-// The shared::cluster address of `local`'s offset in cluster CTA `rank`.
-__device__ __forceinline__ unsigned remote_address(const float* local, int rank) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+// 32-bit shared::cta address of a shared-memory object.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// The shared::cluster address of a shared::cta address's offset in cluster CTA `rank`.
+__device__ __forceinline__ unsigned map_to_rank(unsigned addr, int rank) {
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
   return remote;
+}
+
+// The shared::cluster address of `local`'s offset in cluster CTA `rank`.
+__device__ __forceinline__ unsigned remote_address(const float* local, int rank) {
+  return map_to_rank(shared_address(local), rank);
 }
 
 // The float at `local`'s offset in the shared memory of cluster CTA `rank`.
@@ -81,34 +90,87 @@ __device__ __forceinline__ float4 load_remote4(const float* local, int rank) {
   return v;
 }
 
+// Writes `v` into cluster shared memory at `remote` and, once written, takes
+// sizeof(Acc) bytes off the transaction count of the mbarrier at `remote_bar`
+// (st.async: the completion has release semantics at cluster scope, so this
+// thread's earlier memory accesses are ordered before it).
 template <typename Acc>
-__device__ __forceinline__ Acc load_remote(const Acc& local, int rank) {
+__device__ __forceinline__ void push_to_rank(const Acc& v, unsigned remote, unsigned remote_bar) {
   static_assert(sizeof(Acc) % sizeof(float) == 0, "accumulators are plain floats");
-  Acc r;
-  float* dst = reinterpret_cast<float*>(&r);
-  const float* src = reinterpret_cast<const float*>(&local);
+  const float* f = reinterpret_cast<const float*>(&v);
+  if constexpr (sizeof(Acc) == 8) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 :
+                 : "r"(remote), "f"(f[0]), "f"(f[1]), "r"(remote_bar)
+                 : "memory");
+  } else {
 #pragma unroll
-  for (int k = 0; k < static_cast<int>(sizeof(Acc) / sizeof(float)); ++k) dst[k] = load_remote(src + k, rank);
-  return r;
+    for (int k = 0; k < static_cast<int>(sizeof(Acc) / sizeof(float)); ++k)
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+                   :
+                   : "r"(remote + 4u * k), "f"(f[k]), "r"(remote_bar)
+                   : "memory");
+  }
 }
 
+// Slots for the partials the cluster's CTAs push to this one, and the
+// mbarriers that count them in, both by call parity.
 template <int CL, int ROWS, typename Acc>
 struct ClusterScratch {
-  Acc slot[CL > 1 ? 2 : 1][CL > 1 ? ROWS : 1];
+  unsigned long long full[CL > 1 ? 2 : 1];          // call parity: every partial of the call has landed
+  Acc slot[CL > 1 ? 2 : 1][CL > 1 ? ROWS : 1][CL];  // [call parity][row group][sender rank]
 };
 
-// Merges one CTA-level partial per row group across the cluster, in two
-// halves so a caller can work between them: cluster_publish stores this
-// CTA's partial and arrives; cluster_collect waits and merges. `v` must
-// already be the same in every thread of the group (group_allreduce's
-// result); `writer` is one thread per group; `call` counts the caller's
-// publish/collect pairs.
+// Before the first cluster_publish: the mbarriers exist before any peer can
+// push to them. Every thread of the CTA calls it; the first publish waits for
+// the cluster (cluster_exit does, where there was none).
 template <int CL, int ROWS, typename Acc>
-__device__ __forceinline__ void cluster_publish(Acc v, ClusterScratch<CL, ROWS, Acc>& s, int call, int group,
-                                                bool writer) {
+__device__ __forceinline__ void cluster_exchange_init(ClusterScratch<CL, ROWS, Acc>& s) {
   if constexpr (CL > 1) {
-    if (writer) s.slot[call & 1][group] = v;
-    cluster_arrive();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&s.full[k])));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  }
+}
+
+// Merges one CTA-level partial per row group across the cluster, in two
+// halves so a caller can work between them: cluster_publish pushes this
+// CTA's partial into every CTA's slot for it (lanes 0..CL-1 of the group one
+// rank each), cluster_collect waits until all CL partials have landed in this
+// CTA and merges them from local shared memory. `v` must already be the same
+// in every thread of the group (group_allreduce's result); `lane` is the
+// thread's index in its group of TPR; `call` counts the caller's
+// publish/collect pairs, and collect k comes before publish k + 1 in every
+// thread. No cluster barrier is involved after the first call: a barrier's
+// release and acquire cost a GPU-scope memory fence and an L1 invalidation.
+//
+// Why slots and mbarriers can be reused by parity: a CTA pushes call k + 2
+// into slot and mbarrier k & 1 of CTA B only after its own collect of k + 1,
+// which needs B's partial of k + 1, which B pushed after its collect of k
+// (program order; the push's release orders B's reads before it). So B's
+// mbarrier has completed the phase of call k, and B has read those slots,
+// before anything of call k + 2 reaches them. Partials of call k may land
+// before B's own expect-tx arrive for k; the phase cannot complete before
+// that arrive (one pending arrival), so the count only dips below zero.
+template <int CL, int ROWS, int TPR, typename Acc>
+__device__ __forceinline__ void cluster_publish(Acc v, ClusterScratch<CL, ROWS, Acc>& s, int call, int group,
+                                                int lane) {
+  if constexpr (CL > 1) {
+    if (call == 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // cluster_exchange_init's
+    const int par = call & 1;
+    if (threadIdx.x == 0) {
+      constexpr unsigned kBytes = CL * ROWS * sizeof(Acc);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(&s.full[par])),
+                   "r"(kBytes)
+                   : "memory");
+    }
+    const unsigned slot = shared_address(&s.slot[par][group][cluster_rank<CL>()]);
+    const unsigned bar = shared_address(&s.full[par]);
+    for (int r = lane; r < CL; r += TPR) push_to_rank(v, map_to_rank(slot, r), map_to_rank(bar, r));
   }
 }
 
@@ -117,26 +179,42 @@ __device__ __forceinline__ Acc cluster_collect(Acc v, ClusterScratch<CL, ROWS, A
   if constexpr (CL == 1) {
     return v;
   } else {
-    cluster_wait();
-    // Every load is issued before the first merge: one round trip, not CL.
-    const Acc& slot = s.slot[call & 1][group];
-    Acc part[CL];
-#pragma unroll
-    for (int k = 0; k < CL; ++k) part[k] = load_remote(slot, k);
-    return merge_in_order<CL>(part);
+    const int par = call & 1;
+    const unsigned bar = shared_address(&s.full[par]);
+    const unsigned parity = static_cast<unsigned>(call >> 1) & 1u;
+    // The suspend-time hint lets a waiting warp sleep until the phase
+    // completes rather than poll: a CTA sharing its SM keeps the issue slots.
+    constexpr unsigned kSuspendNs = 10000000;
+    unsigned done = 0;
+    do {
+      asm volatile(
+          "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n\tselp.u32 %0, 1, 0, "
+          "p;\n\t}"
+          : "=r"(done)
+          : "r"(bar), "r"(parity), "r"(kSuspendNs)
+          : "memory");
+    } while (done == 0);
+    return merge_in_order<CL>(&s.slot[par][group][0]);
   }
 }
 
-template <int CL, int ROWS, typename Acc>
+template <int CL, int ROWS, int TPR, typename Acc>
 __device__ __forceinline__ Acc cluster_allreduce(Acc v, ClusterScratch<CL, ROWS, Acc>& s, int call, int group,
-                                                 bool writer) {
-  cluster_publish<CL, ROWS>(v, s, call, group, writer);
+                                                 int lane) {
+  cluster_publish<CL, ROWS, TPR>(v, s, call, group, lane);
   return cluster_collect<CL, ROWS>(v, s, call, group);
 }
 
+// After the last collect: `calls` is the number of publish/collect pairs.
+// Peers push only partials this CTA collects, so once its last collect has
+// returned nothing more lands here; the barrier keeps every CTA's shared
+// memory alive until the whole cluster is past its exchanges.
 template <int CL>
-__device__ __forceinline__ void cluster_exit() {
-  if constexpr (CL > 1) cluster_barrier();
+__device__ __forceinline__ void cluster_exit(int calls) {
+  if constexpr (CL > 1) {
+    if (calls == 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // cluster_exchange_init's
+    cluster_barrier();
+  }
 }
 
 }  // namespace rtcnorm

@@ -311,6 +311,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
   __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
+  cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
   const int vbase = cluster_rank<kCl>() * kVecs;  // this CTA's first vector of a row
@@ -428,7 +429,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     }
 
     s = group_allreduce<TPR, ROWS>(s, scratch);
-    cluster_publish<kCl, ROWS>(s, cscratch, calls, group, lane == 0);
+    cluster_publish<kCl, ROWS, TPR>(s, cscratch, calls, group, lane);
     if constexpr (kCl > 1 && !kTerms) {
       // dW / dB need only the saved statistics: sum them while the cluster's
       // other CTAs arrive (a lone CTA does it beside dx, below).
@@ -521,7 +522,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     more = rb < p.row_blocks;
   }
 
-  cluster_exit<kCl>();
+  cluster_exit<kCl>(calls);
   if constexpr (kStaged) __syncthreads();  // the partial-row combine reuses the ring
   constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
   if constexpr (kRc > 1) {

@@ -59,6 +59,7 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
   __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
+  cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
   const int vbase = cluster_rank<kCl>() * kVecs;
@@ -135,10 +136,10 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     s = group_allreduce<TPR, ROWS>(s, scratch);
     if (calls > 0) {
       const Sum2 done = cluster_collect<kCl, ROWS>(Sum2{}, cscratch, calls - 1, group);
-      cluster_publish<kCl, ROWS>(s, cscratch, calls, group, lane == 0);
+      cluster_publish<kCl, ROWS, TPR>(s, cscratch, calls, group, lane);
       write_dx(pending, pending_stage, done);
     } else {
-      cluster_publish<kCl, ROWS>(s, cscratch, calls, group, lane == 0);
+      cluster_publish<kCl, ROWS, TPR>(s, cscratch, calls, group, lane);
     }
     ++calls;
     pending = r;
@@ -150,8 +151,8 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   }
   if (calls > 0) write_dx(pending, pending_stage, cluster_collect<kCl, ROWS>(Sum2{}, cscratch, calls - 1, group));
 
-  cluster_exit<kCl>();  // no CTA leaves while a peer may still read its slots
-  __syncthreads();      // the partial-row combine reuses the ring
+  cluster_exit<kCl>(calls);
+  __syncthreads();  // the partial-row combine reuses the ring
   constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
   float* pw = p.partial_w + cluster * N + col0;
   float* pb = p.partial_b + cluster * N + col0;

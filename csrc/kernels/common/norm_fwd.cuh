@@ -251,6 +251,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   __shared__ GroupScratch<TPR, kTwoPass ? 1 : ROWS, Red> scratch;
   __shared__ GroupScratch<TPR, kTwoPass ? ROWS : 1, Sum1> scratch1;
   __shared__ ClusterScratch<kCl, ROWS, Red> cscratch;
+  cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
   const int rank = cluster_rank<kCl>();
@@ -345,7 +346,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     } else {
       Red red = AccAs<Red>::from(acc);
       red = group_allreduce<TPR, ROWS>(red, scratch);
-      red = cluster_allreduce<kCl, ROWS>(red, cscratch, calls++, group, lane == 0);
+      red = cluster_allreduce<kCl, ROWS, TPR>(red, cscratch, calls++, group, lane);
       Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
     }
     if (row_ok && lane == 0 && rank == 0) {
@@ -388,7 +389,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     }
     rb += clusters;
   } while (rb < p.row_blocks);
-  cluster_exit<kCl>();
+  cluster_exit<kCl>(calls);
 }
 
 }  // namespace rtcnorm
