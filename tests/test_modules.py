@@ -125,9 +125,11 @@ def test_rms_norm_module_with_residual_returns_the_sum():
         ("rms_norm", (4096, 16384), torch.float32, 1, 2),  # float32 backward rows past 8192 elements
         ("layer_norm", (4096, 16384), torch.float32, 1, 2),
         ("rms_norm", (2048, 32768), torch.bfloat16, 1, 4),  # 16-bit, one gradient: deferred slices of 8192
-        ("layer_norm", (2048, 32768), torch.bfloat16, 1, 8),  # two gradients: slices of 4096
+        ("layer_norm", (2048, 32768), torch.bfloat16, 1, 4),  # two gradients, many rows: deferred slices of 8192
+        ("layer_norm", (256, 32768), torch.bfloat16, 1, 8),  # few rows: slices of 4096 that meet
         ("layer_norm", (4096, 16384), torch.bfloat16, 1, 8),  # deferred slices of 2048
-        ("layer_norm", (1024, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
+        ("layer_norm", (1024, 65536), torch.bfloat16, 8, 8),  # forward: at most 8 rows an SM, 8 slices
+        ("layer_norm", (2048, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
         ("layer_norm", (4096, 8192), torch.float32, 1, 1),
     ],
 )
@@ -198,7 +200,7 @@ def test_explain_without_a_gpu(op, n):
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "residual", "smem"),
     [
-        ("layer_norm", (1024, 65536), torch.bfloat16, False, 131072),  # gamma + beta beside a 64 KB+ row
+        ("layer_norm", (2048, 65536), torch.bfloat16, False, 131072),  # gamma + beta beside a 64 KB+ row
         ("layer_norm", (2048, 32768), torch.bfloat16, False, 0),  # 64 KB in 512 threads: registers
         ("layer_norm", (4096, 8192), torch.float32, False, 32768),  # float32 32 KB rows of 256 threads
         ("layer_norm", (4096, 16384), torch.float32, False, 0),  # float32 64 KB rows of 512 threads
@@ -231,7 +233,7 @@ def test_explain_long_rows_in_shared_memory(op, shape, dtype, residual, smem):
     ("shape", "dtype", "wdtype", "minb"),
     [((2048, 32768), torch.bfloat16, None, 1), ((2048, 32768), torch.float16, torch.float32, 1),
      ((2048, 24576), torch.bfloat16, None, 1), ((4096, 16384), torch.float32, None, 1),
-     ((4096, 16384), torch.bfloat16, None, 4), ((1024, 65536), torch.bfloat16, None, 1)],
+     ((4096, 16384), torch.bfloat16, None, 4), ((2048, 65536), torch.bfloat16, None, 1)],
 )  # fmt: skip
 def test_wide_layer_norm_rows_keep_gamma_and_beta_room(shape, dtype, wdtype, minb):
     """LayerNorm rows of up to 64 KB that CTAs of more than 256 threads cache
@@ -422,7 +424,7 @@ def test_backward_ring_depth_override(op, stages):
     [("rms_norm", (4096, 16384), "sm_90", 3, False),  # one 128 KB two-stage CTA an SM: three stages
      ("rms_norm", (4096, 16384), "sm_80", 2, False),  # three (192 KB) exceed sm_80's 163 KB
      ("rms_norm", (4096, 8192), "sm_90", 2, False),  # two CTAs an SM
-     ("layer_norm", (2048, 32768), "sm_90", 2, False),  # column-cluster slices of four rows
+     ("layer_norm", (512, 32768), "sm_90", 2, False),  # column-cluster slices of four rows
      ("rms_norm", (16384, 5120), "sm_90", 0, True),  # two 320-thread CTAs an SM, terms kept
      ("layer_norm", (16384, 5120), "sm_90", 0, False),  # no kept terms at two an SM
      ("rms_norm", (256, 5120), "sm_90", 0, False),  # two row blocks a CTA: nothing to fetch ahead
@@ -459,7 +461,11 @@ DEFER_STATS = 1 << 29
      ("rms_norm", (512, 131072), {"residual": True}, "sm_90", 1, False),  # ... so the split design
      ("rms_norm", (64, 262144), {}, "sm_90", 1, False),  # 32768-element slices do not cache: split
      ("rms_norm", (2048, 32768), {}, "sm_80", 1, False),  # no clusters
-     ("layer_norm", (2048, 32768), {}, "sm_90", 8, False),  # dW and dB: slices of 4096, met every row block
+     ("layer_norm", (2048, 32768), {}, "sm_90", 4, True),  # dW and dB, many rows: slices of 8192
+     ("layer_norm", (2048, 24576), {}, "sm_90", 4, True),
+     ("layer_norm", (512, 32768), {}, "sm_90", 8, False),  # few rows: slices of 4096, met every row block
+     ("layer_norm", (2048, 20480), {}, "sm_90", 8, False),  # below 24576: met every row block
+     ("layer_norm", (1024, 65536), {}, "sm_90", 8, False),
      ("layer_norm", (2048, 32768), {"bias": False}, "sm_90", 4, True),  # dW alone
      ("layer_norm", (512, 131072), {}, "sm_90", 16, True),  # both, past 65536 elements
      ("layer_norm", (4096, 16384), {}, "sm_90", 8, True),  # both, up to 16384: slices of 2048, 256 threads
@@ -480,9 +486,10 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
     assert bool(kernel_flags(plan["kernel"]) & DEFER_STATS) == deferred, plan
     if deferred:
         pair = op == "layer_norm" and kw.get("bias", True) and shape[1] <= 16384
-        assert plan["block"] == (256 if pair else 512), plan
-        assert plan["staged"] and plan["ring_stages"] == 3, plan
         rows_per_cta = int(plan["kernel"].split(", ")[5])  # <T, W, N, VEC, TPR, ROWS, ...>
+        # Pairs of 256-thread CTAs an SM; else 32 elements a thread, one CTA an SM.
+        assert plan["block"] == (256 if pair else rows_per_cta * (shape[1] // cluster) // 32), plan
+        assert plan["staged"] and plan["ring_stages"] == 3, plan
         assert plan["smem"] == 3 * rows_per_cta * (shape[1] // cluster) * 2 * 2, plan  # x and dy, 16-bit
         assert "one row block late" in plan["reason"], plan
         with _tuning.override(bwd_defer_stats=1):
@@ -555,6 +562,8 @@ def test_few_row_grids_fetch_gamma_beside_the_row(op, m, n, fetch):
     vectors) fetches them into L1 instead (kPrefetchAffine). Grids of at most one
     CTA per SM take launch bounds of one. Full grids do neither. Overrides: 1
     neither, 2 the L1 prefetch, 3 the preload wherever the row is in registers."""
+    if op == "layer_norm" and n == 65536 and m <= 8 * 132:
+        fetch = "preload"  # 8 cluster slices in registers, not one CTA's shared-memory row
     plan = rtcnorm.explain(op, (m, n), BF16, device="cpu", sm_count=132)
     flags = kernel_flags(plan["kernel"])
     assert bool(flags & PRELOAD_AFFINE) == (fetch == "preload"), plan
@@ -894,7 +903,7 @@ def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode,
      ("rms_norm", (16384, 4096), BF16, None, True, True),  # residual beside x
      ("layer_norm", (8192, 8192), torch.float32, None, False, True),
      ("layer_norm", (8192, 2048), BF16, None, False, False),
-     ("layer_norm", (1024, 65536), BF16, None, False, True),  # row in shared memory
+     ("layer_norm", (2048, 65536), BF16, None, False, True),  # row in shared memory
      ("layer_norm", (4096, 8192), BF16, "multi_wave_reload", False, True),  # streamed twice
      ("layer_norm", (512, 131072), BF16, None, False, False),  # cluster slices keep no_allocate
      ("layer_norm", (1, 262144), torch.float32, None, False, False)],

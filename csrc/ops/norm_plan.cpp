@@ -836,12 +836,33 @@ static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, int s
   return plan;
 }
 
+// 16-bit LayerNorm rows one CTA would hold in shared memory (past 64 KB)
+// split across a cluster of 8 where the grid has at most 8 rows an SM: each
+// CTA then keeps a slice in registers beside its part of gamma and beta.
+// H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 54): 256x65536 32.0
+// -> 29.6, 1024x65536 104.8 -> 102.3 (clusters of 4: 103.1); 2048x65536
+// 197.2 -> 198.2, so more rows keep one CTA a row. RMSNorm's 65536 rows sit
+// in registers and lost as slices (1024x65536 95.0 -> 102.2).
+constexpr int kFwdSmemRowCluster = 8;
+constexpr int kFwdSmemRowClusterMaxRowsPerSm = 8;
+
+// (Only where smem_row_rule chose the shared-memory row: an override that
+// forces one keeps it.)
+static bool smem_row_cluster_rule(const NormFwdPlan& plan, const NormProblem& p, int sm_count) {
+  const NormTuning& t = norm_tuning();
+  return p.kind == kLayerNorm && jit::element_size(p.dtype) == 2 && !p.residual && t.fwd_smem_row_bytes == 0 &&
+         t.fwd_smem_vecs == 0 && (plan.key.flags & kSmemRow) != 0 &&
+         p.rows <= int64_t{kFwdSmemRowClusterMaxRowsPerSm} * sm_count;
+}
+
 // One CTA per row group, or the row split across a cluster of CTAs.
 static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
-  const int forced = norm_tuning().fwd_cluster;
+  int forced = norm_tuning().fwd_cluster;
   NormFwdPlan plan = plan_fwd_cta(p, requested, sm_count, arch, explain);
   // A reload was asked for: x is streamed twice by request, never cached.
-  if (requested == NormMode::kMultiWaveReload || (plan.cached && forced <= 1)) return plan;
+  if (requested == NormMode::kMultiWaveReload) return plan;
+  if (forced == 0 && smem_row_cluster_rule(plan, p, sm_count)) forced = kFwdSmemRowCluster;
+  if (plan.cached && forced <= 1) return plan;
   const int64_t nvec = p.hidden / choose_vec(p);
   const int cl = cluster_size(forced, p.hidden * jit::element_size(p.dtype), kFwdSliceBytes, nvec, arch);
   if (cl == 1) return plan;
@@ -915,11 +936,26 @@ constexpr int kBwd16DeferPairCtaThreads = 256;
 // 1-2% on 256-thread CTAs.
 constexpr int64_t kBwd16Cluster16MinElems = 131072;
 
+// Since the cluster's sums travel as pushes into each CTA's shared memory
+// (common/cluster.cuh) rather than through cluster barriers, two gradient
+// sets also defer on rows of 24576-32768 elements in grids of many rows, in
+// slices of at most 8192. H100 kernel-only, bf16 LayerNorm, meeting in
+// slices of 4096 -> deferred (entry 54): 2048x32768 175.7 -> 170.6 us (185.1
+// -> 171.3 in another run), 1024x32768 101.1 -> 94.7, 4096x32768 334.1 ->
+// 328.4, 2048x24576 145.8 -> 133.3; but 256x32768 36.0 -> 39.6 (a few row
+// blocks a cluster: the deferred loop's extra stage does not pay) and
+// 1024x20480 62.8 -> 68.0 (slices of 5120 on 160-thread rows).
+constexpr int64_t kBwd16DeferMidMinBoth = 24576;
+constexpr int64_t kBwd16DeferMidMaxBoth = 32768;
+constexpr int64_t kBwd16DeferMidMinRows = 1024;
+
 static bool defer_rule(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
   const int forced = norm_tuning().bwd_defer_stats;
   if (arch < 90 || grad_dh || forced == 1) return false;
+  const bool mid =
+      p.hidden >= kBwd16DeferMidMinBoth && p.hidden <= kBwd16DeferMidMaxBoth && p.rows >= kBwd16DeferMidMinRows;
   return forced == 2 || !(want_dw && want_db) || p.hidden > kBwd16DeferMinBothSets ||
-         p.hidden <= kBwd16DeferPairMaxBoth;
+         p.hidden <= kBwd16DeferPairMaxBoth || mid;
 }
 
 static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, bool explain) {
@@ -957,9 +993,10 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   // Two gradient sets on rows of at most 16384 elements: pairs of 256-thread
   // CTAs an SM (above).
   const bool pair = defer && both && p.hidden <= kBwd16DeferPairMaxBoth;
+  const bool double_slice = both && p.hidden > kBwd16DeferMidMaxBoth;
   const int64_t slice16 = !defer ? kBwd16SliceElems
                           : pair ? kBwd16DeferPairSliceElems
-                                 : (both ? 2 : 1) * kBwd16DeferSliceElems;
+                                 : (double_slice ? 2 : 1) * kBwd16DeferSliceElems;
   const int64_t nvec = p.hidden / choose_vec(p);
   int cl = cluster_size(forced, p.hidden, wide16 ? slice16 : kBwdSliceElems, nvec, arch);
   const int wide_cl = max_cluster_on(arch);
