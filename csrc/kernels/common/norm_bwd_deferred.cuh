@@ -4,8 +4,7 @@
 //
 // In norm_bwd.cuh a cluster CTA sums its slice of row block k, publishes the
 // sums and waits for its peers' before it can write dx of k: every row block
-// costs a cluster-wide rendezvous, and the cluster runs at the pace of its
-// slowest CTA's copies each time. Here CTA iteration k
+// waits on the slowest CTA of the cluster, whose copies set the pace. Here CTA iteration k
 //   1. waits for its own copies of row block k and sums its slice
 //      (adding the dW / dB terms, which need only the saved statistics),
 //   2. collects the cluster's sums of row block k - 1 (published one
@@ -20,16 +19,13 @@
 // - Same arithmetic in the same order as norm_bwd's cluster path (the same
 //   element_terms, the same rank-order merge, dW / dB summed over row blocks
 //   in the same order), so dx, dW and dB are bitwise the same.
-// - Cluster barrier phases stay paired per thread: iteration k waits on the
-//   phase of k - 1 (cluster_collect) and then arrives on k's
-//   (cluster_publish). Slot k & 1 is written only after that wait, which no
-//   CTA passes before every peer has read the slot's previous contents (it
-//   read them before its own arrive on k - 1): common/cluster.cuh's
-//   double-buffering argument, one iteration shifted.
+// - Collects and publishes alternate in every thread: iteration k collects
+//   call k - 1, then publishes call k, so collect k - 1 comes before publish
+//   k as common/cluster.cuh's reuse of slots and mbarriers by parity needs.
 // - Each thread copies exactly the ring vectors it reads back, and a stage is
 //   refilled only after this thread's last read of it (its dx in step 3).
 // - The row loop is uniform across the cluster (every CTA of a cluster walks
-//   the same row blocks), as every cluster barrier needs.
+//   the same row blocks): every CTA collects every call its peers publish.
 #pragma once
 
 #include "common/norm_bwd.cuh"
