@@ -160,7 +160,7 @@ template <int CL, int ROWS, int TPR, typename Acc>
 __device__ __forceinline__ void cluster_publish(Acc v, ClusterScratch<CL, ROWS, Acc>& s, int call, int group,
                                                 int lane) {
   if constexpr (CL > 1) {
-    if (call == 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // cluster_exchange_init's
+    if (call == 0) cluster_wait();  // cluster_exchange_init's arrive
     const int par = call & 1;
     if (threadIdx.x == 0) {
       constexpr unsigned kBytes = CL * ROWS * sizeof(Acc);
@@ -212,7 +212,7 @@ __device__ __forceinline__ Acc cluster_allreduce(Acc v, ClusterScratch<CL, ROWS,
 template <int CL>
 __device__ __forceinline__ void cluster_exit(int calls) {
   if constexpr (CL > 1) {
-    if (calls == 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // cluster_exchange_init's
+    if (calls == 0) cluster_wait();  // cluster_exchange_init's arrive
     cluster_barrier();
   }
 }

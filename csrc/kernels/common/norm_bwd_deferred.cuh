@@ -4,7 +4,8 @@
 //
 // In norm_bwd.cuh a cluster CTA sums its slice of row block k, publishes the
 // sums and waits for its peers' before it can write dx of k: every row block
-// waits on the slowest CTA of the cluster, whose copies set the pace. Here CTA iteration k
+// waits on the slowest CTA of the cluster, whose copies set the pace. Here
+// CTA iteration k
 //   1. waits for its own copies of row block k and sums its slice
 //      (adding the dW / dB terms, which need only the saved statistics),
 //   2. collects the cluster's sums of row block k - 1 (published one
