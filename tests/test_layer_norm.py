@@ -351,6 +351,24 @@ def test_gpu_row_counts(poison, dtype, m, n, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 37, 5000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_n_is_1_gives_the_bias_and_no_input_grad(poison, dtype, m):
+    """Rows of one element: y is beta and dx is exactly 0 whatever x and dy
+    are (the kernel's rearranged dx formula would otherwise leave rounding)."""
+    x, w, b, _ = ln_inputs((m, 1), [1], dtype, "cuda", "weight_bias")
+    dy = torch.randn_like(x)
+    xl, wl, bl = (t.clone().requires_grad_() for t in (x, w, b))
+    poison(4 * x.numel() * x.element_size())
+    y = rtcnorm.layer_norm(xl, [1], wl, bl)
+    assert torch.equal(y, b.expand_as(y))
+    y.backward(dy)
+    assert torch.equal(xl.grad, torch.zeros_like(x))
+    assert torch.equal(wl.grad, torch.zeros_like(w))
+    assert_close(bl.grad, dy.double().sum(0), what="dB", reduce_len=m)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(0, 4096), (2, 0, 128)])
 def test_gpu_zero_rows(shape):
     x, w, b, _ = ln_inputs(shape, [shape[-1]], torch.bfloat16, "cuda", "weight_bias")

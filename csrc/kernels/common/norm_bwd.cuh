@@ -118,25 +118,26 @@ __device__ __forceinline__ void load_gamma(const void* weight, int vec_index, fl
   }
 }
 
-// One vector's per-element terms, xhat = (x - mean) * rstd (mean 0 for
-// RMSNorm) and wdy = w * dy, added to the row sums the input gradient needs:
-// s.a += sum(wdy * xhat), and for LayerNorm s.b += sum(wdy) (RMSNorm's dx has
-// no mean(wdy) term; its s.b stays 0). Every use (both backward designs,
-// both passes) goes through it, so the sums and dx see the same bits.
-// __fmul_rn keeps wdy a rounded product (never contracted into an FMA), so
-// for LayerNorm rows of one element wdy - mean(wdy) is exactly 0.
+// One vector's per-element terms: xm = x - mean (mean 0 for RMSNorm), dy as
+// floats, xhat = xm * rstd and wdy = w * dy, the last two added to the row
+// sums the input gradient needs: s.a += sum(wdy * xhat), and for LayerNorm
+// s.b += sum(wdy) (RMSNorm's dx has no mean(wdy) term; its s.b stays 0).
+// Every first pass goes through it, so every design sums the same bits.
+// __fmul_rn keeps wdy a rounded product (never contracted into an FMA).
 template <int KIND, typename T, int VEC>
 __device__ __forceinline__ void element_terms(const Pack<T, VEC>& xv, const Pack<T, VEC>& dv, const float (&g)[VEC],
-                                              float mean, float rstd, Sum2& s, float (&xhat)[VEC], float (&wdy)[VEC]) {
-  float xf[VEC], df[VEC];
+                                              float mean, float rstd, Sum2& s, float (&xm)[VEC], float (&df)[VEC],
+                                              float (&xhat)[VEC]) {
+  float xf[VEC];
   to_floats<T, VEC>(xv, xf);
   to_floats<T, VEC>(dv, df);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    xhat[j] = (xf[j] - mean) * rstd;
-    wdy[j] = __fmul_rn(df[j], g[j]);
-    s.a = fmaf(wdy[j], xhat[j], s.a);
-    if constexpr (KIND == kLayerNorm) s.b += wdy[j];
+    xm[j] = xf[j] - mean;
+    xhat[j] = xm[j] * rstd;
+    const float wdy = __fmul_rn(df[j], g[j]);
+    s.a = fmaf(wdy, xhat[j], s.a);
+    if constexpr (KIND == kLayerNorm) s.b += wdy;
   }
 }
 
@@ -144,9 +145,9 @@ __device__ __forceinline__ void element_terms(const Pack<T, VEC>& xv, const Pack
 template <int KIND, typename T, typename W, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void add_row_terms(const void* weight, int v, const Pack<T, VEC>& xv, const Pack<T, VEC>& dv,
                                               float mean, float rstd, Sum2& s) {
-  float g[VEC], xhat[VEC], wdy[VEC];
+  float g[VEC], xm[VEC], df[VEC], xhat[VEC];
   load_gamma<W, VEC, FLAGS>(weight, v, g);
-  element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, s, xhat, wdy);
+  element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, s, xm, df, xhat);
 }
 
 // Adds one cached vector's terms to the CTA's register sums: dW += dy * xhat,
@@ -164,20 +165,48 @@ __device__ __forceinline__ void add_affine_grads(const Pack<T, VEC>& dv, const f
   }
 }
 
-// One vector of dx = rstd * (w*dy - c2 - xhat * c1) [+ dh], with the row's
-// c1 = mean(w*dy * xhat) and c2 = mean(w*dy) (0 for RMSNorm). Every backward
-// design writes dx through it: the same operations in the same order, so the
-// same bits.
-template <typename T, int VEC, bool DH>
-__device__ __forceinline__ Pack<T, VEC> input_grad(const float (&wdy)[VEC], const float (&xhat)[VEC], float c1,
-                                                   float c2, float rstd, const Pack<T, VEC>& dh) {
+// A row's dx coefficients. With the row's c1 = mean(w*dy * xhat) and
+// c2 = mean(w*dy) (0 for RMSNorm),
+//   dx = rstd * (w*dy - c2 - xhat * c1) = rstd * (w*dy + xm * k1 + k0)
+// with xm = x - mean, k1 = -rstd * c1 and k0 = -c2: per element two FMAs and
+// a multiply after x - mean, where the first form takes six operations in a
+// second pass that re-reads the row (w*dy and xhat are not at hand there).
+struct DxCoef {
+  float rstd, k1, k0;
+};
+
+template <int KIND>
+__device__ __forceinline__ DxCoef dx_coef(float c1, float c2, float rstd) {
+  return {rstd, -rstd * c1, KIND == kLayerNorm ? -c2 : 0.f};
+}
+
+// One vector of dx [+ dh] from xm = x - mean, dy and gamma (as floats). Every
+// backward design writes dx through it: the same operations in the same
+// order, so the same bits. A LayerNorm row of one element has dx = 0 exactly
+// (y = beta whatever x is), which rounding would not give.
+template <int KIND, int N, typename T, int VEC, bool DH>
+__device__ __forceinline__ Pack<T, VEC> input_grad(const float (&xm)[VEC], const float (&df)[VEC],
+                                                   const float (&g)[VEC], DxCoef k, const Pack<T, VEC>& dh) {
   float out[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    out[j] = rstd * (wdy[j] - c2 - xhat[j] * c1);
+    out[j] = (KIND == kLayerNorm && N == 1) ? 0.f : k.rstd * fmaf(g[j], df[j], fmaf(xm[j], k.k1, k.k0));
     if constexpr (DH) out[j] += elem_float(dh, j);
   }
   return from_floats<T, VEC>(out);
+}
+
+// input_grad from the row's packed x and dy: xm = x - mean here.
+template <int KIND, int N, typename T, int VEC, bool DH>
+__device__ __forceinline__ Pack<T, VEC> input_grad(const Pack<T, VEC>& xv, const Pack<T, VEC>& dv,
+                                                   const float (&g)[VEC], float mean, DxCoef k,
+                                                   const Pack<T, VEC>& dh) {
+  float xm[VEC], df[VEC];
+  to_floats<T, VEC>(xv, xm);
+  to_floats<T, VEC>(dv, df);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) xm[j] -= mean;
+  return input_grad<KIND, N, T, VEC, DH>(xm, df, g, k, dh);
 }
 
 // Sums register accumulators over the CTA's row groups and writes the CTA's
@@ -293,10 +322,11 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr int kStages = 2 + static_cast<int>((FLAGS & kRingExtraBits) >> kRingExtraShift);
   constexpr bool kNext = kCached && !kStaged && (FLAGS & kPrefetchNext) != 0;
   constexpr bool kRegs = kCached && !kStaged;  // x and dy kept in registers
-  // Terms kept as floats between the passes (kKeepTerms): the second pass
-  // neither re-reads nor re-converts x, dy and gamma, and dW / dB are summed
-  // in the first (the 8192-wide bf16 LayerNorm loop: 40 -> 30 instructions
-  // per element). Same operations in the same order: the same bits.
+  // Terms kept as floats between the passes (kKeepTerms: x - mean and dy,
+  // gamma for the CTA's life): the second pass neither re-reads nor
+  // re-converts x, dy and gamma, and dW / dB are summed in the first (the
+  // 8192-wide bf16 LayerNorm loop: 40 -> 30 instructions per element). Same
+  // operations in the same order: the same bits.
   constexpr bool kTerms = kCached && (FLAGS & kKeepTerms) != 0;
   constexpr float kInvN = 1.f / static_cast<float>(N);
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
@@ -382,8 +412,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       ring.fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters, p, group, col0, lane);
       cp_async_wait<kStages - 1>();  // this row's copies have landed; S - 1 later rows' fly
     }
-    PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];            // filled when kRegs and not kTerms
-    float xh[kTerms ? NV : 1][VEC], wd[kTerms ? NV : 1][VEC];  // xhat and w * dy, when kTerms
+    PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];              // filled when kRegs and not kTerms
+    float xmk[kTerms ? NV : 1][VEC], dyk[kTerms ? NV : 1][VEC];  // x - mean and dy, when kTerms
     Sum2 s = {0.f, 0.f};
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
@@ -416,8 +446,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
         if constexpr (kTerms) {
-          element_terms<KIND, T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xh[i], wd[i]);
-          add_affine_grads<T, VEC, kDw, kDb>(dv[i], xh[i], dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
+          float xhat[VEC];
+          element_terms<KIND, T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xmk[i], dyk[i], xhat);
+          add_affine_grads<T, VEC, kDw, kDb>(dv[i], xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
         } else {
           add_row_terms<KIND, T, W, VEC, FLAGS>(p.weight, vbase + v, xv[i], dv[i], mean, rstd, s);
         }
@@ -446,8 +477,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       }
     }
     s = cluster_collect<kCl, ROWS>(s, cscratch, calls++, group);
-    const float c1 = s.a * kInvN;
-    const float c2 = KIND == kLayerNorm ? s.b * kInvN : 0.f;
+    const DxCoef k = dx_coef<KIND>(s.a * kInvN, s.b * kInvN, rstd);
 
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
@@ -455,14 +485,12 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
-        float xhat[VEC], wdy[VEC];
-        PT dv;  // dy, for the dW / dB terms below (unused with kTerms)
+        float xm[VEC], df[VEC], xhat[VEC];  // xhat: for the dW / dB terms below (not with kTerms)
+        PT dv;                              // dy, for them too
+        PT hv{};
+        if constexpr (kDh) hv = kStaged ? ring.at(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC);
         if constexpr (kTerms) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            xhat[j] = xh[i][j];
-            wdy[j] = wd[i][j];
-          }
+          store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, input_grad<KIND, N, T, VEC, kDh>(xmk[i], dyk[i], gk[i], k, hv));
         } else {
           PT xv;
           if constexpr (kStaged) {
@@ -477,12 +505,15 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           }
           float g[VEC];
           load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
-          Sum2 summed_already = {0.f, 0.f};  // the first pass summed this vector's terms
-          element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, summed_already, xhat, wdy);
+          to_floats<T, VEC>(xv, xm);
+          to_floats<T, VEC>(dv, df);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            xm[j] -= mean;
+            xhat[j] = xm[j] * rstd;  // the first pass's bits
+          }
+          store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, input_grad<KIND, N, T, VEC, kDh>(xm, df, g, k, hv));
         }
-        PT hv{};
-        if constexpr (kDh) hv = kStaged ? ring.at(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC);
-        store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, input_grad<T, VEC, kDh>(wdy, xhat, c1, c2, rstd, hv));
         if constexpr (kCached) {
           // A cluster summed them while its barrier was pending, kTerms in the
           // first pass.

@@ -92,21 +92,19 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
 
   // dx of a row block whose cluster sums `s` are complete, from its stage.
   const auto write_dx = [&](const RowRef& r, int stage, Sum2 s) {
-    const float c1 = s.a * kInvN;
-    const float c2 = KIND == kLayerNorm ? s.b * kInvN : 0.f;
+    const DxCoef k = dx_coef<KIND>(s.a * kInvN, s.b * kInvN, r.rstd);
     if (!r.ok) return;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
       if (!(kEven || v < kVecs)) continue;
-      float g[VEC], xhat[VEC], wdy[VEC];
+      float g[VEC];
       load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
-      Sum2 summed_already = {0.f, 0.f};  // the first pass summed this vector's terms
-      element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], ring.at(stage, 1)[v], g, r.mean, r.rstd, summed_already, xhat,
-                                  wdy);
       PT hv{};
       if constexpr (kDh) hv = ring.at(stage, 2)[v];
-      store<T, VEC, kCs>(dx, r.goff + 1LL * v * VEC, input_grad<T, VEC, kDh>(wdy, xhat, c1, c2, r.rstd, hv));
+      store<T, VEC, kCs>(
+          dx, r.goff + 1LL * v * VEC,
+          input_grad<KIND, N, T, VEC, kDh>(ring.at(stage, 0)[v], ring.at(stage, 1)[v], g, r.mean, k, hv));
     }
   };
 
@@ -124,9 +122,9 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
         const int v = i * TPR + lane;
         if (!(kEven || v < kVecs)) continue;
         const PT dv = ring.at(stage, 1)[v];
-        float g[VEC], xhat[VEC], wdy[VEC];
+        float g[VEC], xm[VEC], df[VEC], xhat[VEC];
         load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
-        element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], dv, g, r.mean, r.rstd, s, xhat, wdy);
+        element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], dv, g, r.mean, r.rstd, s, xm, df, xhat);
         add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
       }
     }

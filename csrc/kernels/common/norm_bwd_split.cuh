@@ -122,10 +122,16 @@ __device__ __forceinline__ void norm_bwd_cols(const NormBwdParams& p) {
       const float mean = KIND == kLayerNorm ? __ldg(p.mean + row) : 0.f;
       const float c1 = __ldg(p.row_coef + 2 * row);
       const float c2 = KIND == kLayerNorm ? __ldg(p.row_coef + 2 * row + 1) : 0.f;
-      float xhat[VEC], wdy[VEC];
-      Sum2 summed_already = {0.f, 0.f};  // the coefficient kernel summed the terms
-      element_terms<KIND, T, VEC>(xv[u], dv[u], g, mean, rstd, summed_already, xhat, wdy);
-      store<T, VEC, kCs>(dx, row * N + col, input_grad<T, VEC, kDh>(wdy, xhat, c1, c2, rstd, hv[kDh ? u : 0]));
+      float xm[VEC], df[VEC], xhat[VEC];
+      to_floats<T, VEC>(xv[u], xm);
+      to_floats<T, VEC>(dv[u], df);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        xm[j] -= mean;
+        xhat[j] = xm[j] * rstd;  // the coefficient kernel's bits
+      }
+      store<T, VEC, kCs>(dx, row * N + col,
+                         input_grad<KIND, N, T, VEC, kDh>(xm, df, g, dx_coef<KIND>(c1, c2, rstd), hv[kDh ? u : 0]));
       add_affine_grads<T, VEC, kDw, kDb>(dv[u], xhat, dw, db);
     }
   }

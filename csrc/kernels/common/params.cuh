@@ -54,8 +54,8 @@ enum NormFlags : unsigned {
   // backward, staged rows: the ring holds 2 + this field stages (2-5), so
   // that many rows' copies minus one are in flight while the CTA works on one.
   kRingExtraBits = 3u << 19,
-  // backward, cached rows: the first pass keeps every element's xhat and
-  // w * dy in registers as floats and adds its dW / dB terms there, and gamma
+  // backward, cached rows: the first pass keeps every element's x - mean and
+  // dy in registers as floats and adds its dW / dB terms there, and gamma
   // stays in registers for the CTA's life; the second pass is the dx
   // arithmetic alone.
   kKeepTerms = 1u << 22,
