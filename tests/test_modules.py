@@ -127,7 +127,8 @@ def test_rms_norm_module_with_residual_returns_the_sum():
         ("rms_norm", (2048, 32768), torch.bfloat16, 1, 4),  # 16-bit, one gradient: deferred slices of 8192
         ("layer_norm", (2048, 32768), torch.bfloat16, 1, 4),  # two gradients, many rows: deferred slices of 8192
         ("layer_norm", (256, 32768), torch.bfloat16, 1, 8),  # few rows: slices of 4096 that meet
-        ("layer_norm", (4096, 16384), torch.bfloat16, 1, 8),  # deferred slices of 2048
+        ("layer_norm", (4096, 16384), torch.bfloat16, 1, 16),  # deferred slices of 1024 (sm_90)
+        ("layer_norm", (4096, 12288), torch.bfloat16, 1, 4),  # many rows short of 16384: slices of 3072
         ("layer_norm", (1024, 65536), torch.bfloat16, 8, 8),  # forward: at most 8 rows an SM, 8 slices
         ("layer_norm", (2048, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
         ("layer_norm", (4096, 8192), torch.float32, 1, 1),
@@ -151,9 +152,11 @@ def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
         assert plan["backward"]["staged"] == (dtype != torch.float32)
     old = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_80")
     assert old["cluster"] == 1 and old["backward"]["cluster"] == 1
-    # 16 CTAs is sm_90's non-portable size: sm_100 keeps 8.
+    # 16 CTAs is sm_90's non-portable size: sm_100 keeps 8, and LayerNorm's
+    # 16-bit rows of at most 16384 keep slices of 2048 there (entries 52, 55).
     blackwell = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_100")
-    assert blackwell["backward"]["cluster"] == min(bwd_cluster, 8)
+    pair = op == "layer_norm" and dtype != torch.float32 and 8192 < shape[1] <= 16384
+    assert blackwell["backward"]["cluster"] == (8 if pair else min(bwd_cluster, 8))
     reload = rtcnorm.explain(op, shape, dtype, mode="multi_wave_reload", device="cpu", arch="sm_90")
     assert reload["cluster"] == 1 and not reload["cached_row"]
     with _tuning.override(fwd_cluster=1, bwd_cluster=1):
@@ -468,18 +471,25 @@ DEFER_STATS = 1 << 29
      ("layer_norm", (1024, 65536), {}, "sm_90", 8, False),
      ("layer_norm", (2048, 32768), {"bias": False}, "sm_90", 4, True),  # dW alone
      ("layer_norm", (512, 131072), {}, "sm_90", 16, True),  # both, past 65536 elements
-     ("layer_norm", (4096, 16384), {}, "sm_90", 8, True),  # both, up to 16384: slices of 2048, 256 threads
+     ("layer_norm", (4096, 16384), {}, "sm_90", 16, True),  # both, up to 16384: 256-thread CTAs, 16 a row
+     ("layer_norm", (4096, 16384), {}, "sm_100", 8, True),  # (slices of 2048 where 8 is the largest cluster)
      ("layer_norm", (64, 12288), {}, "sm_100", 8, True),  # (slices of 1536)
+     ("layer_norm", (64, 12288), {}, "sm_90", 16, True),
+     ("layer_norm", (512, 9216), {}, "sm_90", 16, True),
+     ("layer_norm", (2048, 12288), {}, "sm_90", 4, True),  # many rows short of 16384: 4 a row
+     ("layer_norm", (2048, 9216), {}, "sm_90", 4, True),
+     ("layer_norm", (2047, 12288), {}, "sm_90", 16, True),
      ("layer_norm", (4096, 16384), {"residual": True}, "sm_90", 4, False),
      ("layer_norm", (4096, 16384), {}, "sm_80", 1, False)],
 )  # fmt: skip
 def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, deferred):
     """NOTES entries 51-53: 16-bit column-cluster rows collect the cluster's
     row sums one row block late (kDeferStats, a 3-stage ring) for one gradient
-    set, and for two past 65536 elements or up to 16384 (there in slices of
-    2048 on 256-thread CTAs, two an SM); rows of 131072 split across 16 CTAs
-    on sm_90; bwd_defer_stats=1 restores the meeting at every row block in
-    slices of 4096, 2 forces the deferral."""
+    set, and for two past 65536 elements or up to 16384 (there on 256-thread
+    CTAs, two an SM: on sm_90 16 CTAs a row, or 4 for rows short of 16384 in
+    grids of 2048+ rows, entry 55; slices of 2048 elsewhere); rows of 131072
+    split across 16 CTAs on sm_90; bwd_defer_stats=1 restores the meeting at
+    every row block in slices of 4096, 2 forces the deferral."""
     plan = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
     assert plan["cluster"] == cluster and plan["deferred_stats"] == deferred, plan
     assert column_cluster(plan["kernel"]) == cluster, plan
@@ -487,15 +497,19 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
     if deferred:
         pair = op == "layer_norm" and kw.get("bias", True) and shape[1] <= 16384
         rows_per_cta = int(plan["kernel"].split(", ")[5])  # <T, W, N, VEC, TPR, ROWS, ...>
-        # Pairs of 256-thread CTAs an SM; else 32 elements a thread, one CTA an SM.
-        assert plan["block"] == (256 if pair else rows_per_cta * (shape[1] // cluster) // 32), plan
+        # Pairs of 256-thread CTAs an SM (at most that on clusters of 4); else
+        # 32 elements a thread, one CTA an SM.
+        if pair and cluster == 4:
+            assert plan["block"] <= 256, plan
+        else:
+            assert plan["block"] == (256 if pair else rows_per_cta * (shape[1] // cluster) // 32), plan
         assert plan["staged"] and plan["ring_stages"] == 3, plan
         assert plan["smem"] == 3 * rows_per_cta * (shape[1] // cluster) * 2 * 2, plan  # x and dy, 16-bit
         assert "one row block late" in plan["reason"], plan
         with _tuning.override(bwd_defer_stats=1):
             met = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
         assert not met["deferred_stats"] and (met["split"] or met["ring_stages"] == 2), met
-        assert met["split"] or met["cluster"] == min(8, 1 << (shape[1] // 4096 - 1).bit_length()), met
+        assert met["split"] or met["cluster"] == min(8, 1 << (-(-shape[1] // 4096) - 1).bit_length()), met
     elif cluster > 1:
         with _tuning.override(bwd_defer_stats=2):
             forced = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
@@ -737,7 +751,7 @@ def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, pr
     [("rms_norm", 5120, BF16, False, False, 1), ("rms_norm", 7168, BF16, False, True, 1),
      ("rms_norm", 8192, torch.float16, False, True, 1), ("rms_norm", 8192, BF16, True, False, 1),
      ("rms_norm", 16384, BF16, True, True, 1), ("rms_norm", 8192, torch.float32, False, False, 1),
-     ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 8),
+     ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 16),
      ("rms_norm", 32768, BF16, True, True, 8), ("rms_norm", 65536, torch.float16, False, True, 8),
      ("rms_norm", 131072, BF16, False, True, 16), ("rms_norm", 131072, BF16, True, False, 1),
      ("layer_norm", 16384, torch.float32, False, False, 2)],

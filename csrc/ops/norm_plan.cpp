@@ -927,6 +927,18 @@ constexpr int64_t kBwd16DeferMinBothSets = 65536;  // LayerNorm's dW and dB: def
 constexpr int64_t kBwd16DeferPairMaxBoth = 16384;  // and up to this one, in the slices below
 constexpr int64_t kBwd16DeferPairSliceElems = 2048;
 constexpr int kBwd16DeferPairCtaThreads = 256;
+// Since the pushed exchange (entry 54) those rows split finer on sm_90: 16
+// CTAs a row (its non-portable cluster size), slices of N / 16 on the same
+// 256-thread CTAs (8 rows of 32 threads). H100 kernel-only, bf16 LayerNorm,
+// clusters of 8 -> 16, us (entry 55): 4096x16384 175.7 -> 168.4, 16384x16384
+// 665.8 -> 633.7, 512x16384 35.2 -> 33.8, 4096x12288 134.2 -> 127.6,
+// 512x9216 25.8 -> 24.4, 64x16384 12.9 -> 12.5. In grids of many rows, rows
+// short of 16384 elements split across 4 CTAs instead (slices of 2304-3584
+// elements, planned as any slice): 4096x10240 115.1 -> 101.4, 4096x12288
+// 134.2 -> 121.8, 16384x12288 496.0 -> 443.1, 4096x14336 157.9 -> 145.0; at
+// 512 rows they lost 1-4% to clusters of 16, and at 16384 elements 7%.
+constexpr int kBwd16PairManyRowsCluster = 4;
+constexpr int64_t kBwd16PairManyRowsMin = 2048;
 // Deferred rows past 65536 elements split across 16 CTAs on sm_90 (its
 // non-portable cluster size), in slices of 8192: more rows a cluster in
 // flight, though only 7 such clusters fit the H100's GPCs (112 CTAs against
@@ -1002,6 +1014,13 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   const int wide_cl = max_cluster_on(arch);
   if (forced == 0 && defer && wide_cl > kMaxCluster && p.hidden >= kBwd16Cluster16MinElems && nvec % wide_cl == 0)
     cl = wide_cl;
+  if (forced == 0 && pair && wide_cl > kMaxCluster) {
+    const bool many_rows = p.rows >= kBwd16PairManyRowsMin && p.hidden < kBwd16DeferPairMaxBoth;
+    if (many_rows && nvec % kBwd16PairManyRowsCluster == 0)
+      cl = kBwd16PairManyRowsCluster;
+    else if (!many_rows && nvec % wide_cl == 0)
+      cl = wide_cl;
+  }
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
