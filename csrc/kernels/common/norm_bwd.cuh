@@ -167,10 +167,13 @@ __device__ __forceinline__ void add_affine_grads(const Pack<T, VEC>& dv, const f
 
 // A row's dx coefficients. With the row's c1 = mean(w*dy * xhat) and
 // c2 = mean(w*dy) (0 for RMSNorm),
-//   dx = rstd * (w*dy - c2 - xhat * c1) = rstd * (w*dy + xm * k1 + k0)
+//   dx = rstd * (w*dy - c2 - xhat * c1) = rstd * (xm * k1 + (w*dy + k0))
 // with xm = x - mean, k1 = -rstd * c1 and k0 = -c2: per element two FMAs and
 // a multiply after x - mean, where the first form takes six operations in a
 // second pass that re-reads the row (w*dy and xhat are not at hand there).
+// w*dy + k0 is formed first, so RMSNorm's (k0 = 0) is the rounded w*dy its
+// row sum used, and rows of one element (1 - xhat^2 cancels) keep the first
+// form's error.
 struct DxCoef {
   float rstd, k1, k0;
 };
@@ -190,7 +193,7 @@ __device__ __forceinline__ Pack<T, VEC> input_grad(const float (&xm)[VEC], const
   float out[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    out[j] = (KIND == kLayerNorm && N == 1) ? 0.f : k.rstd * fmaf(g[j], df[j], fmaf(xm[j], k.k1, k.k0));
+    out[j] = (KIND == kLayerNorm && N == 1) ? 0.f : k.rstd * fmaf(xm[j], k.k1, fmaf(g[j], df[j], k.k0));
     if constexpr (DH) out[j] += elem_float(dh, j);
   }
   return from_floats<T, VEC>(out);
