@@ -127,7 +127,7 @@ __device__ __forceinline__ void load_gamma(const void* weight, int vec_index, fl
 template <int KIND, typename T, int VEC>
 __device__ __forceinline__ void element_terms(const Pack<T, VEC>& xv, const Pack<T, VEC>& dv, const float (&g)[VEC],
                                               float mean, float rstd, Sum2& s, float (&xm)[VEC], float (&df)[VEC],
-                                              float (&xhat)[VEC]) {
+                                              float (&wdy)[VEC], float (&xhat)[VEC]) {
   float xf[VEC];
   to_floats<T, VEC>(xv, xf);
   to_floats<T, VEC>(dv, df);
@@ -135,9 +135,9 @@ __device__ __forceinline__ void element_terms(const Pack<T, VEC>& xv, const Pack
   for (int j = 0; j < VEC; ++j) {
     xm[j] = xf[j] - mean;
     xhat[j] = xm[j] * rstd;
-    const float wdy = __fmul_rn(df[j], g[j]);
-    s.a = fmaf(wdy, xhat[j], s.a);
-    if constexpr (KIND == kLayerNorm) s.b += wdy;
+    wdy[j] = __fmul_rn(df[j], g[j]);
+    s.a = fmaf(wdy[j], xhat[j], s.a);
+    if constexpr (KIND == kLayerNorm) s.b += wdy[j];
   }
 }
 
@@ -145,9 +145,9 @@ __device__ __forceinline__ void element_terms(const Pack<T, VEC>& xv, const Pack
 template <int KIND, typename T, typename W, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void add_row_terms(const void* weight, int v, const Pack<T, VEC>& xv, const Pack<T, VEC>& dv,
                                               float mean, float rstd, Sum2& s) {
-  float g[VEC], xm[VEC], df[VEC], xhat[VEC];
+  float g[VEC], xm[VEC], df[VEC], wdy[VEC], xhat[VEC];
   load_gamma<W, VEC, FLAGS>(weight, v, g);
-  element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, s, xm, df, xhat);
+  element_terms<KIND, T, VEC>(xv, dv, g, mean, rstd, s, xm, df, wdy, xhat);
 }
 
 // Adds one cached vector's terms to the CTA's register sums: dW += dy * xhat,
@@ -183,20 +183,32 @@ __device__ __forceinline__ DxCoef dx_coef(float c1, float c2, float rstd) {
   return {rstd, -rstd * c1, KIND == kLayerNorm ? -c2 : 0.f};
 }
 
-// One vector of dx [+ dh] from xm = x - mean, dy and gamma (as floats). Every
-// backward design writes dx through it: the same operations in the same
+// One vector of dx [+ dh] from xm = x - mean and wk = w*dy + k0 (as floats).
+// Every backward design writes dx through it: the same operations in the same
 // order, so the same bits. A LayerNorm row of one element has dx = 0 exactly
 // (y = beta whatever x is), which rounding would not give.
 template <int KIND, int N, typename T, int VEC, bool DH>
-__device__ __forceinline__ Pack<T, VEC> input_grad(const float (&xm)[VEC], const float (&df)[VEC],
-                                                   const float (&g)[VEC], DxCoef k, const Pack<T, VEC>& dh) {
+__device__ __forceinline__ Pack<T, VEC> input_grad(const float (&xm)[VEC], const float (&wk)[VEC], DxCoef k,
+                                                   const Pack<T, VEC>& dh) {
   float out[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    out[j] = (KIND == kLayerNorm && N == 1) ? 0.f : k.rstd * fmaf(xm[j], k.k1, fmaf(g[j], df[j], k.k0));
+    out[j] = (KIND == kLayerNorm && N == 1) ? 0.f : k.rstd * fmaf(xm[j], k.k1, wk[j]);
     if constexpr (DH) out[j] += elem_float(dh, j);
   }
   return from_floats<T, VEC>(out);
+}
+
+// input_grad from xm, dy and gamma as floats: wk = fma(w, dy, k0), which for
+// RMSNorm (k0 = 0) is element_terms' rounded wdy (a zero's sign aside), so a
+// design that kept wdy passes it instead and writes the same values.
+template <int KIND, int N, typename T, int VEC, bool DH>
+__device__ __forceinline__ Pack<T, VEC> input_grad(const float (&xm)[VEC], const float (&df)[VEC],
+                                                   const float (&g)[VEC], DxCoef k, const Pack<T, VEC>& dh) {
+  float wk[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) wk[j] = fmaf(g[j], df[j], k.k0);
+  return input_grad<KIND, N, T, VEC, DH>(xm, wk, k, dh);
 }
 
 // input_grad from the row's packed x and dy: xm = x - mean here.
@@ -326,10 +338,10 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr bool kNext = kCached && !kStaged && (FLAGS & kPrefetchNext) != 0;
   constexpr bool kRegs = kCached && !kStaged;  // x and dy kept in registers
   // Terms kept as floats between the passes (kKeepTerms: x - mean and dy,
-  // gamma for the CTA's life): the second pass neither re-reads nor
-  // re-converts x, dy and gamma, and dW / dB are summed in the first (the
-  // 8192-wide bf16 LayerNorm loop: 40 -> 30 instructions per element). Same
-  // operations in the same order: the same bits.
+  // or w * dy for RMSNorm; gamma for the CTA's life): the second pass
+  // neither re-reads nor re-converts x, dy and gamma, and dW / dB are summed
+  // in the first (the 8192-wide bf16 LayerNorm loop: 40 -> 30 instructions
+  // per element). Same values as the re-read design (see input_grad).
   constexpr bool kTerms = kCached && (FLAGS & kKeepTerms) != 0;
   constexpr float kInvN = 1.f / static_cast<float>(N);
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
@@ -415,8 +427,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       ring.fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters, p, group, col0, lane);
       cp_async_wait<kStages - 1>();  // this row's copies have landed; S - 1 later rows' fly
     }
-    PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];              // filled when kRegs and not kTerms
-    float xmk[kTerms ? NV : 1][VEC], dyk[kTerms ? NV : 1][VEC];  // x - mean and dy, when kTerms
+    PT xc[kCached ? NV : 1], dyc[kCached ? NV : 1];  // filled when kRegs and not kTerms
+    // x - mean, and dy (LayerNorm) or w * dy (RMSNorm), when kTerms.
+    float xmk[kTerms ? NV : 1][VEC], dyk[kTerms ? NV : 1][VEC];
     Sum2 s = {0.f, 0.f};
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
@@ -450,7 +463,10 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         if (!row_ok || !(kEven || v < kVecs)) continue;
         if constexpr (kTerms) {
           float xhat[VEC];
-          element_terms<KIND, T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xmk[i], dyk[i], xhat);
+          float df[VEC], wdy[VEC];
+          element_terms<KIND, T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xmk[i], df, wdy, xhat);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) dyk[i][j] = KIND == kLayerNorm ? df[j] : wdy[j];
           add_affine_grads<T, VEC, kDw, kDb>(dv[i], xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
         } else {
           add_row_terms<KIND, T, W, VEC, FLAGS>(p.weight, vbase + v, xv[i], dv[i], mean, rstd, s);
@@ -493,7 +509,11 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         PT hv{};
         if constexpr (kDh) hv = kStaged ? ring.at(stage, 2)[v] : load_nc<T, VEC>(dh, goff + 1LL * v * VEC);
         if constexpr (kTerms) {
-          store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, input_grad<KIND, N, T, VEC, kDh>(xmk[i], dyk[i], gk[i], k, hv));
+          if constexpr (KIND == kLayerNorm)
+            store<T, VEC, kCs>(dx, goff + 1LL * v * VEC,
+                               input_grad<KIND, N, T, VEC, kDh>(xmk[i], dyk[i], gk[i], k, hv));
+          else  // w * dy kept: it is wk
+            store<T, VEC, kCs>(dx, goff + 1LL * v * VEC, input_grad<KIND, N, T, VEC, kDh>(xmk[i], dyk[i], k, hv));
         } else {
           PT xv;
           if constexpr (kStaged) {

@@ -122,9 +122,9 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
         const int v = i * TPR + lane;
         if (!(kEven || v < kVecs)) continue;
         const PT dv = ring.at(stage, 1)[v];
-        float g[VEC], xm[VEC], df[VEC], xhat[VEC];
+        float g[VEC], xm[VEC], df[VEC], wdy[VEC], xhat[VEC];
         load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, g);
-        element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], dv, g, r.mean, r.rstd, s, xm, df, xhat);
+        element_terms<KIND, T, VEC>(ring.at(stage, 0)[v], dv, g, r.mean, r.rstd, s, xm, df, wdy, xhat);
         add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
       }
     }

@@ -55,9 +55,9 @@ enum NormFlags : unsigned {
   // that many rows' copies minus one are in flight while the CTA works on one.
   kRingExtraBits = 3u << 19,
   // backward, cached rows: the first pass keeps every element's x - mean and
-  // dy in registers as floats and adds its dW / dB terms there, and gamma
-  // stays in registers for the CTA's life; the second pass is the dx
-  // arithmetic alone.
+  // dy (w * dy for RMSNorm) in registers as floats and adds its dW / dB terms
+  // there, and gamma stays in registers for the CTA's life; the second pass
+  // is the dx arithmetic alone.
   kKeepTerms = 1u << 22,
   // backward, cached rows, one CTA (or cluster) owning every row block: its
   // column sums are the gradients themselves, written to dw / db in the
