@@ -186,14 +186,15 @@ __device__ __forceinline__ DxCoef dx_coef(float c1, float c2, float rstd) {
 // One vector of dx [+ dh] from xm = x - mean and wk = w*dy + k0 (as floats).
 // Every backward design writes dx through it: the same operations in the same
 // order, so the same bits. A LayerNorm row of one element has dx = 0 exactly
-// (y = beta whatever x is), which rounding would not give.
+// (y = beta whatever x is), which rounding would not give; a NaN or infinity
+// in its x or dy still makes dx NaN, as the first form did.
 template <int KIND, int N, typename T, int VEC, bool DH>
 __device__ __forceinline__ Pack<T, VEC> input_grad(const float (&xm)[VEC], const float (&wk)[VEC], DxCoef k,
                                                    const Pack<T, VEC>& dh) {
   float out[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    out[j] = (KIND == kLayerNorm && N == 1) ? 0.f : k.rstd * fmaf(xm[j], k.k1, wk[j]);
+    out[j] = (KIND == kLayerNorm && N == 1) ? 0.f * (xm[j] + wk[j]) : k.rstd * fmaf(xm[j], k.k1, wk[j]);
     if constexpr (DH) out[j] += elem_float(dh, j);
   }
   return from_floats<T, VEC>(out);
@@ -462,8 +463,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
         const int v = c * kChunk + i * TPR + lane;
         if (!row_ok || !(kEven || v < kVecs)) continue;
         if constexpr (kTerms) {
-          float xhat[VEC];
-          float df[VEC], wdy[VEC];
+          float df[VEC], wdy[VEC], xhat[VEC];
           element_terms<KIND, T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xmk[i], df, wdy, xhat);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) dyk[i][j] = KIND == kLayerNorm ? df[j] : wdy[j];
