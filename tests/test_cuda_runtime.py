@@ -336,14 +336,15 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
     ("m", "n", "dtype", "cluster"),
     [(2 * 132 + 5, 32768, torch.bfloat16, 0), (37, 65536, torch.float16, 0), (9, 131072, torch.bfloat16, 0),
      (300, 20480, torch.bfloat16, 4), (131, 24576, torch.float16, 8), (3, 32768, torch.bfloat16, 8),
-     (1029, 32768, torch.bfloat16, 0)],
+     (1029, 32768, torch.bfloat16, 0), (1100, 24576, torch.bfloat16, 0), (1030, 23552, torch.bfloat16, 0)],
 )  # fmt: skip
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_deferred_cluster_sums_change_no_bit(op, m, n, dtype, cluster, poison):
     """Staged column-cluster rows whose cluster sums are collected one row
     block late (kDeferStats) give bitwise the dx, dW and dB of the same
     cluster meeting at every row block (both rings leave one CTA an SM, so
-    the grids match): the rule's cluster sizes and forced ones, a grid with
+    the grids match): the rule's cluster sizes and forced ones (clusters of 8
+    for 1024+ rows of 23552-24576, slices of uneven vectors), a grid with
     more clusters than row blocks, tail row blocks past M, float16. Both
     match the reference, contiguous and strided."""
     t = make(op, (m, n), dtype)

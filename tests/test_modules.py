@@ -465,7 +465,13 @@ DEFER_STATS = 1 << 29
      ("rms_norm", (64, 262144), {}, "sm_90", 1, False),  # 32768-element slices do not cache: split
      ("rms_norm", (2048, 32768), {}, "sm_80", 1, False),  # no clusters
      ("layer_norm", (2048, 32768), {}, "sm_90", 4, True),  # dW and dB, many rows: slices of 8192
-     ("layer_norm", (2048, 24576), {}, "sm_90", 4, True),
+     ("layer_norm", (2048, 24576), {}, "sm_90", 8, True),  # 5 rows of 96 threads fill more than 2 of 192 (entry 56)
+     ("layer_norm", (2048, 24576), {}, "sm_100", 4, True),
+     ("rms_norm", (1024, 24576), {}, "sm_90", 8, True),
+     ("rms_norm", (1023, 24576), {}, "sm_90", 4, True),  # fewer rows than measured: slices of 6144
+     ("rms_norm", (2048, 23552), {}, "sm_90", 8, True),
+     ("rms_norm", (2048, 28672), {}, "sm_90", 4, True),  # 2 rows of 224 threads either way: the smaller cluster
+     ("layer_norm", (2048, 12288), {"bias": False}, "sm_90", 4, True),  # dW alone: 5 rows of 96, not 2 of 192
      ("layer_norm", (512, 32768), {}, "sm_90", 8, False),  # few rows: slices of 4096, met every row block
      ("layer_norm", (2048, 20480), {}, "sm_90", 8, False),  # below 24576: met every row block
      ("layer_norm", (1024, 65536), {}, "sm_90", 8, False),
@@ -488,7 +494,9 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
     set, and for two past 65536 elements or up to 16384 (there on 256-thread
     CTAs, two an SM: on sm_90 16 CTAs a row, or 4 for rows short of 16384 in
     grids of 2048+ rows, entry 55; slices of 2048 elsewhere); rows of 131072
-    split across 16 CTAs on sm_90; bwd_defer_stats=1 restores the meeting at
+    split across 16 CTAs on sm_90; on sm_90, in grids of 1024+ rows, a row
+    splits across twice the CTAs where the half-width slices fill more of a
+    512-thread CTA (entry 56); bwd_defer_stats=1 restores the meeting at
     every row block in slices of 4096, 2 forces the deferral."""
     plan = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
     assert plan["cluster"] == cluster and plan["deferred_stats"] == deferred, plan
@@ -496,13 +504,15 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
     assert bool(kernel_flags(plan["kernel"]) & DEFER_STATS) == deferred, plan
     if deferred:
         pair = op == "layer_norm" and kw.get("bias", True) and shape[1] <= 16384
-        rows_per_cta = int(plan["kernel"].split(", ")[5])  # <T, W, N, VEC, TPR, ROWS, ...>
+        fields = plan["kernel"].split(", ")  # <T, W, N, VEC, TPR, ROWS, ...>
+        tpr, rows_per_cta = int(fields[4]), int(fields[5])
         # Pairs of 256-thread CTAs an SM (at most that on clusters of 4); else
-        # 32 elements a thread, one CTA an SM.
+        # 32 elements a thread (the last vectors of a slice may be idle), one CTA an SM.
         if pair and cluster == 4:
             assert plan["block"] <= 256, plan
         else:
-            assert plan["block"] == (256 if pair else rows_per_cta * (shape[1] // cluster) // 32), plan
+            assert plan["block"] == (256 if pair else rows_per_cta * tpr), plan
+            assert pair or (int(fields[3]) * int(fields[6]) == 32 and tpr * 32 >= shape[1] // cluster), plan
         assert plan["staged"] and plan["ring_stages"] == 3, plan
         assert plan["smem"] == 3 * rows_per_cta * (shape[1] // cluster) * 2 * 2, plan  # x and dy, 16-bit
         assert "one row block late" in plan["reason"], plan

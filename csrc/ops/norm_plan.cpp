@@ -947,6 +947,23 @@ constexpr int64_t kBwd16PairManyRowsMin = 2048;
 // lost (RMSNorm 169.8 -> 181.2, LayerNorm 185.3 -> 212.9), at 32768 it moved
 // 1-2% on 256-thread CTAs.
 constexpr int64_t kBwd16Cluster16MinElems = 131072;
+// Deferred slices of one gradient set (and LayerNorm's 24576-32768-wide rows)
+// are planned as rows of 32 elements a thread, as many to a CTA as fit 512
+// threads. Where half as wide a slice fills more of those threads, the row
+// splits across twice the CTAs (up to 8): at 24576 elements, clusters of 4
+// give 2 rows of 192 threads (384), clusters of 8 give 5 rows of 96 (480).
+// H100 kernel-only, bf16, L2 flushed, median of 5, clusters of 4 -> 8, us
+// (benchmarks/NOTES.md entry 56): RMSNorm 1024x24576 72.6 -> 67.2,
+// 2048x24576 127.8 -> 121.3, 4096x24576 241.6 -> 227.8; LayerNorm 2048x24576
+// 133.5 -> 128.8. Where both fill the same threads it gained nothing
+// (RMSNorm 32768: 512x 51.2 / 50.8, 2048x 159.6 / 158.8, 4096x 305.8 /
+// 308.3) or lost (LayerNorm 32768: 2048x 167.9 / 172.0), so ties keep the
+// smaller cluster. Only where both slices hold 32 elements a thread, in
+// grids of 1024+ rows, on sm_90: the shapes measured. A/B of the rule
+// (us): RMSNorm 2048x23552 128.2 -> 120.5; LayerNorm without bias (dW
+// alone), 12288 elements on 4 CTAs rather than 2: 1024 rows 45.4 -> 42.1,
+// 4096 rows 130.4 -> 131.6 (the one loss seen, 0.9%).
+constexpr int64_t kBwd16DeferFillMinRows = 1024;
 
 // Since the cluster's sums travel as pushes into each CTA's shared memory
 // (common/cluster.cuh) rather than through cluster barriers, two gradient
@@ -1021,11 +1038,25 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
     else if (!many_rows && nvec % wide_cl == 0)
       cl = wide_cl;
   }
+  const BwdCtaHint hint =
+      wide16 ? BwdCtaHint{kBwd16CacheElems, true, pair ? kBwd16DeferPairCtaThreads : 0} : BwdCtaHint{};
+  // Threads of a CTA holding one of `c` slices of the row, where that slice
+  // plan is the measured shape (cached, kBwd16CacheElems elements a thread);
+  // 0 otherwise.
+  const auto full_slice_threads = [&](int c) {
+    NormProblem s = p;
+    s.hidden = p.hidden / c;
+    const NormBwdPlan sp = plan_bwd_cta(s, want_dw, want_db, grad_dh, sm_count, arch, false, hint);
+    return sp.cached && sp.key.vecs_per_thread * sp.key.vec == kBwd16CacheElems ? sp.key.threads() : 0;
+  };
+  if (forced == 0 && arch == 90 && defer && !pair && cl > 1 && 2 * cl <= kMaxCluster &&
+      p.rows >= kBwd16DeferFillMinRows && nvec % (2 * cl) == 0) {
+    const int threads = full_slice_threads(cl);
+    if (threads > 0 && full_slice_threads(2 * cl) > threads) cl *= 2;
+  }
   if (cl == 1) return plan;
   NormProblem slice = p;
   slice.hidden = p.hidden / cl;
-  const BwdCtaHint hint =
-      wide16 ? BwdCtaHint{kBwd16CacheElems, true, pair ? kBwd16DeferPairCtaThreads : 0} : BwdCtaHint{};
   const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
   if (!cplan.cached) return plan;
   const NormBwdPlan cluster_plan = widen_to_cluster(cplan, p, cl, explain);
