@@ -1038,26 +1038,28 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
     else if (!many_rows && nvec % wide_cl == 0)
       cl = wide_cl;
   }
+  if (cl == 1) return plan;
   const BwdCtaHint hint =
       wide16 ? BwdCtaHint{kBwd16CacheElems, true, pair ? kBwd16DeferPairCtaThreads : 0} : BwdCtaHint{};
-  // Threads of a CTA holding one of `c` slices of the row, where that slice
-  // plan is the measured shape (cached, kBwd16CacheElems elements a thread);
-  // 0 otherwise.
-  const auto full_slice_threads = [&](int c) {
-    NormProblem s = p;
-    s.hidden = p.hidden / c;
-    const NormBwdPlan sp = plan_bwd_cta(s, want_dw, want_db, grad_dh, sm_count, arch, false, hint);
-    return sp.cached && sp.key.vecs_per_thread * sp.key.vec == kBwd16CacheElems ? sp.key.threads() : 0;
+  const auto slice_plan = [&](int c) {
+    NormProblem slice = p;
+    slice.hidden = p.hidden / c;
+    return plan_bwd_cta(slice, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
   };
-  if (forced == 0 && arch == 90 && defer && !pair && cl > 1 && 2 * cl <= kMaxCluster &&
-      p.rows >= kBwd16DeferFillMinRows && nvec % (2 * cl) == 0) {
-    const int threads = full_slice_threads(cl);
-    if (threads > 0 && full_slice_threads(2 * cl) > threads) cl *= 2;
+  // The slice shape the fill rule was measured on: cached, kBwd16CacheElems
+  // elements a thread.
+  const auto measured_shape = [](const NormBwdPlan& sp) {
+    return sp.cached && sp.key.vecs_per_thread * sp.key.vec == kBwd16CacheElems;
+  };
+  NormBwdPlan cplan = slice_plan(cl);
+  if (forced == 0 && arch == 90 && defer && !pair && 2 * cl <= kMaxCluster && p.rows >= kBwd16DeferFillMinRows &&
+      nvec % (2 * cl) == 0 && measured_shape(cplan)) {
+    NormBwdPlan wider = slice_plan(2 * cl);
+    if (measured_shape(wider) && wider.key.threads() > cplan.key.threads()) {
+      cl *= 2;
+      cplan = std::move(wider);
+    }
   }
-  if (cl == 1) return plan;
-  NormProblem slice = p;
-  slice.hidden = p.hidden / cl;
-  const NormBwdPlan cplan = plan_bwd_cta(slice, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
   if (!cplan.cached) return plan;
   const NormBwdPlan cluster_plan = widen_to_cluster(cplan, p, cl, explain);
   return defer ? with_defer(cluster_plan, p, arch, explain) : cluster_plan;
