@@ -82,6 +82,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_gamma_beside_row", &NormTuning::bwd_gamma_beside_row, 2},
     {"bwd_row_cluster", &NormTuning::bwd_row_cluster, 16},
     {"bwd_defer_stats", &NormTuning::bwd_defer_stats, 2},
+    {"bwd_column_grads", &NormTuning::bwd_column_grads, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -206,6 +207,9 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
   const bool direct = (b.key.flags & kDirectGrads) != 0;
   bd["direct_grads"] = direct;
+  const bool column_grads = (b.key.flags & kColumnGrads) != 0;
+  bd["column_grads"] = column_grads;
+  if (column_grads) bd["column_ctas"] = b.col_ctas;
   bd["smem"] = b.smem;
   bd["programmatic_launch"] = b.programmatic;
   if (!b.split) {
@@ -217,7 +221,9 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
       bd["max_ctas"] = cap * b.key.cluster;
       bd["reason"] = b.reason + cap_why;
     }
-    if (direct) {
+    if (column_grads) {
+      bd["grid"] = b.row_blocks + b.col_ctas;  // a CTA per row block, then the column CTAs
+    } else if (direct) {
       bd["grid"] = int64_t(b.key.cluster);  // one row block: one CTA (cluster)
     } else if (device >= 0 && rows > 0) {
       const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);

@@ -521,6 +521,43 @@ def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype
     check(op, results[2], ref(op, t), m)
 
 
+@pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant"),
+    [(32, 4096, torch.bfloat16, "weight"), (8, 4096, torch.bfloat16, "residual"), (64, 1024, torch.float16, "mixed"),
+     (100, 1000, torch.float32, "zero_centered"), (33, 4097, torch.bfloat16, "bias_only"),
+     (1, 4096, torch.bfloat16, "weight"), (256, 1024, torch.bfloat16, "weight"), (13, 2048, torch.float32, "mixed")],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_column_ctas_write_the_weight_grads(op, m, n, dtype, variant, poison):
+    """Grids of at most a row block an SM may hand dW / dB to column CTAs beside
+    the row CTAs (bwd_column_grads=2; one row forced, odd N in scalar columns):
+    y and dx bitwise those of the partial-row design (1), dW / dB the reference's
+    and bitwise the same on a second run, contiguous and row-strided."""
+    if variant == "bias_only":
+        variant = "no_weight" if op == "rms_norm" else "bias"
+    if op == "layer_norm":
+        variant = layer_norm_variant(variant)
+    kw = dict(residual=variant == "residual", device="cuda")
+    results = {}
+    for value in (1, 2):
+        with _tuning.override(bwd_column_grads=value):
+            plan = rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]
+            assert plan["column_grads"] == (value == 2), plan
+            torch.manual_seed(23)
+            t = make(op, (m, n), dtype)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[value] = run(op, t)
+            if value == 2:
+                assert not plan["direct_grads"] and plan["grid"] == plan["row_blocks"] + plan["column_ctas"], plan
+                again = run(op, t)
+                for key, got in again.items():
+                    assert torch.equal(got, results[2][key]), key
+                check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+    for key in ("y", "dx"):
+        assert torch.equal(results[2][key], results[1][key]), key
+    check(op, results[2], ref(op, t), m)
+
+
 def layer_norm_variant(variant):
     """An RMSNorm input variant as LayerNorm's: no residual there, and a weight
     comes with a bias."""

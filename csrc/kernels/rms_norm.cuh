@@ -7,7 +7,7 @@
 // planner's occupancy target); it changes the register cap, never the result.
 #pragma once
 
-#include "common/norm_bwd_deferred.cuh"
+#include "common/norm_bwd_columns.cuh"
 #include "common/norm_bwd_split.cuh"
 
 namespace rtcnorm {
@@ -19,10 +19,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_fwd(const NormFwdPar
 
 template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
 __global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_bwd(const NormBwdParams p) {
-  if constexpr ((FLAGS & kDeferStats) != 0)
-    norm_bwd_deferred<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
-  else
-    norm_bwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+  norm_bwd_entry<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 
 // Split backward for rows that do not fit in registers (norm_bwd_split.cuh).

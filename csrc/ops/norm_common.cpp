@@ -167,7 +167,7 @@ at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, l
 // The kernels read x, its row map and the row counts before their first load;
 // params.cuh keeps them at the head of each block.
 static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 136, "NormFwdParams layout");
-static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 144, "NormBwdParams layout");
+static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 152, "NormBwdParams layout");
 
 int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units) {
   const int64_t cl = k.cluster;
@@ -318,13 +318,17 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.
   SplitGrid split;
   if (plan.split) split = split_grid(plan, d.rows, info.sm_count);
+  // kColumnGrads: a row CTA per row block, then the column CTAs.
+  const bool column_grads = (plan.key.flags & kColumnGrads) != 0;
   const int64_t grid =
-      plan.split ? split.col_tiles
-                 : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k, bwd_max_units(plan, info.sm_count));
+      plan.split     ? split.col_tiles
+      : column_grads ? plan.row_blocks + plan.col_ctas
+                     : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k, bwd_max_units(plan, info.sm_count));
   const int64_t parts = plan.split ? split.row_tiles : grid / k.cluster;
-  // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself.
-  const bool direct = (plan.key.flags & kDirectGrads) != 0;
-  TORCH_INTERNAL_ASSERT(!direct || parts == 1, op, ": direct gradients need a grid of one row block");
+  // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself;
+  // with kColumnGrads the column CTAs do.
+  const bool direct = (plan.key.flags & kDirectGrads) != 0 || column_grads;
+  TORCH_INTERNAL_ASSERT(!direct || parts == 1 || column_grads, op, ": direct gradients need a grid of one row block");
   at::Tensor pw, pb, coef;
   if (want_dw && !direct) pw = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
   if (want_db && !direct) pb = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
@@ -344,6 +348,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   prm.db = direct && want_db ? out.db.data_ptr() : nullptr;
   prm.rows = d.rows;
   prm.row_blocks = plan.row_blocks;
+  prm.col_vecs = plan.col_vecs;
   if (plan.split) {
     coef = at::empty({d.rows, 2}, input.options().dtype(at::kFloat));
     prm.row_coef = coef.data_ptr<float>();

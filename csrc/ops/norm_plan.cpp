@@ -1157,15 +1157,63 @@ int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) {
   return row_cluster ? ceil_div(plan.row_blocks, plan.key.cluster) : plan.row_blocks;
 }
 
+// ---- Column CTAs for dW / dB (kColumnGrads, common/norm_bwd_columns.cuh) ----
+// A grid of at most one row block an SM has a lone CTA per row block. dW / dB
+// need only the saved statistics, so column CTAs beside the row CTAs, in the
+// same launch, can sum them over every row and write the gradients, where
+// otherwise each row CTA writes an fp32 partial row and a second kernel adds
+// them up. A column CTA's threads cover CV vectors of columns (at least 128
+// bytes of a row: whole lines), CV doubled until the column CTAs fit the SMs
+// the row CTAs leave (or the CTA is one row lane wide); its L = threads / CV
+// row lanes each sum every L-th row.
+constexpr int kColumnLineBytes = 128;
+// The rule: column CTAs wherever a row lane has at most this many rows (one
+// round of loads in flight, kColumnRowsInFlight) and the grid more than one
+// row block (one row block's lone CTA writes the gradients itself).
+constexpr int64_t kColumnMaxRowsPerLane = 4;
+
+static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
+  const unsigned f = plan.key.flags;
+  constexpr unsigned kExcluded = kStagedRow | kClusterBits | kCluster16 | kRowClusterBits | kDeferStats;
+  const bool eligible = !plan.split && plan.cached && (f & (kWantDw | kWantDb)) != 0 && (f & kExcluded) == 0 &&
+                        plan.key.cluster == 1 && plan.row_blocks <= sm_count;
+  const int forced = norm_tuning().bwd_column_grads;
+  if (!eligible || forced == 1) return plan;
+  const int threads = plan.key.threads();
+  const int vec_bytes = plan.key.vec * jit::element_size(p.dtype);
+  const int64_t nvec = p.hidden / plan.key.vec;
+  const int64_t free_sms = std::max<int64_t>(1, sm_count - plan.row_blocks);
+  int cv = std::max(1, kColumnLineBytes / vec_bytes);
+  while (2 * cv <= threads && ceil_div(nvec, cv) > free_sms) cv *= 2;
+  cv = std::min(cv, threads);
+  const int64_t lanes = threads / cv;
+  const int64_t rows_per_lane = ceil_div(p.rows, lanes);
+  const bool rule = plan.row_blocks > 1 && rows_per_lane <= kColumnMaxRowsPerLane;
+  if (pick(forced, rule ? 2 : 1) != 2) return plan;
+  const size_t lane_sums = size_t(2) * threads * plan.key.vec * sizeof(float);
+  plan.key.flags = (f & ~kDirectGrads) | kColumnGrads;
+  plan.smem = std::max(plan.smem, lane_sums);
+  plan.col_vecs = cv;
+  plan.col_ctas = ceil_div(nvec, cv);
+  if (explain)
+    plan.reason += "; " + std::to_string(plan.col_ctas) + " column CTAs beside the row CTAs write dW" +
+                   ((f & kWantDb) != 0 ? std::string(" / dB") : std::string()) + " (" +
+                   std::to_string(cv * plan.key.vec) + " columns each, " + std::to_string(lanes) + " row lanes of " +
+                   std::to_string(rows_per_lane) + " rows): no partial rows, no column reduce";
+  return plan;
+}
+
 // Programmatic launches of the backward's later kernels (sm_90+): their CTAs
 // are scheduled while the previous kernel drains, so the launch gap between
 // them is hidden. Results are unchanged (each waits for the previous grid
 // before touching memory).
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain) {
-  NormBwdPlan plan = with_row_cluster_rule(
-      with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, sm_count, arch, explain), sm_count, explain),
-      sm_count, arch, explain);
+  NormBwdPlan plan = with_column_grads_rule(
+      with_row_cluster_rule(
+          with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, sm_count, arch, explain), sm_count, explain),
+          sm_count, arch, explain),
+      p, sm_count, explain);
   const int forced = norm_tuning().bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;

@@ -61,6 +61,10 @@ struct NormBwdPlan {
   // The kernels after the first (the split design's column kernel, the column
   // reduce) are launched programmatically (sm_90+, kernels/common/grid_dep.cuh).
   bool programmatic = false;
+  // kColumnGrads: column CTAs after the row_blocks row CTAs, each owning
+  // col_vecs vectors of columns (common/norm_bwd_columns.cuh).
+  int col_vecs = 0;
+  int64_t col_ctas = 0;
   std::string reason;
 };
 

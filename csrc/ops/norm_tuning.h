@@ -89,6 +89,11 @@ struct NormTuning {
   // most 16384) wherever that ring fits; the rule: one gradient set, or two
   // on rows past 65536 or of at most 16384 elements.
   int bwd_defer_stats = 0;
+  // Backward, register rows of lone CTAs on grids of at most one row block
+  // an SM: 1 = the row CTAs sum dW / dB (partial rows and the column reduce,
+  // or direct gradients), 2 = column CTAs beside them write dW / dB
+  // (kColumnGrads) wherever eligible; the rule picks by rows per row lane.
+  int bwd_column_grads = 0;
 };
 
 NormTuning& norm_tuning();

@@ -60,14 +60,15 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         // group, writing the gradients directly: kDirectGrads), of two and
         // four rows (RMSNorm's few 16-bit rows: one CTA sized to them, or
         // CTAs of 128 threads), of two row blocks (one per CTA: gamma loaded
-        // beside the row) and of one row block an SM (sm_90+ staged rows: row
+        // beside the row), of 32 rows (column CTAs writing dW / dB beside the
+        // row CTAs) and of one row block an SM (sm_90+ staged rows: row
         // clusters of two) are kernels of their own.
         for (int dw = 0; dw <= int(has_w); ++dw)
           for (int db = 0; db <= int(has_b); ++db)
             for (int dh = 0; dh <= int(!ln); ++dh) {
               p.rows = 1 << 16;
               const NormBwdPlan full = plan_norm_bwd(p, dw, db, dh, 132, arch);
-              std::vector<int64_t> bwd_rows = {p.rows, 1, 2, 4};
+              std::vector<int64_t> bwd_rows = {p.rows, 1, 2, 4, 32};
               for (int64_t blocks : {2, 132}) bwd_rows.push_back(blocks * full.key.rows_per_cta);
               for (int64_t rows : bwd_rows) {
                 p.rows = rows;

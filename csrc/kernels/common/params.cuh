@@ -54,6 +54,10 @@ enum NormFlags : unsigned {
   // backward, staged rows: the ring holds 2 + this field stages (2-5), so
   // that many rows' copies minus one are in flight while the CTA works on one.
   kRingExtraBits = 3u << 19,
+  // backward, register rows of lone CTAs, few row blocks: the first
+  // row_blocks CTAs compute dx only, the CTAs after them dW / dB of column
+  // slices over every row, written as the gradients (common/norm_bwd_columns.cuh).
+  kColumnGrads = 1u << 21,
   // backward, cached rows: the first pass keeps every element's x - mean and
   // dy (w * dy for RMSNorm) in registers as floats and adds its dW / dB terms
   // there, and gamma stays in registers for the CTA's life; the second pass
@@ -129,6 +133,8 @@ struct NormBwdParams {
   const void* dh;           // contiguous rows x N, read when kGradDh
   float* row_coef;          // rows x 2 (c1, c2): the split backward's per-row coefficients
   long long rows_per_tile;  // split backward: rows per row tile (gridDim.y tiles)
+  int col_vecs;             // kColumnGrads: vectors of columns a column CTA owns
+  int pad_;
 };
 
 // Up to two (partial, out) pairs reduced by one launch; blockIdx.y picks one.
