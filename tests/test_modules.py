@@ -572,6 +572,49 @@ def _explain_off_on(switch: str, op, shape, dtype, **kw) -> tuple[dict, dict]:
     return plans[0], plans[1]
 
 
+COLUMN_GRADS = 1 << 21
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "extra", "cols"),
+    [("rms_norm", (32, 4096), BF16, {}, 64),  # a row CTA per row, 64 column CTAs of 64 columns
+     ("layer_norm", (32, 4096), BF16, {}, 64), ("rms_norm", (8, 4096), BF16, {"residual": True}, 64),
+     ("layer_norm", (256, 1024), BF16, {}, 16),  # 4 rows a row lane: the rule's edge
+     ("rms_norm", (32, 4096), torch.float32, {}, 64), ("rms_norm", (33, 4097), BF16, {}, None),  # 7 rows a lane
+     ("rms_norm", (512, 1024), BF16, {}, None),  # 8 rows a lane: partial rows
+     ("rms_norm", (1, 4096), BF16, {}, None),  # one row block: its CTA writes the gradients
+     ("rms_norm", (256, 8192), BF16, {}, None),  # staged rows
+     ("layer_norm", (16384, 4096), BF16, {}, None),  # a full grid
+     ("rms_norm", (32, 4096), BF16, {"elementwise_affine": False}, None)],  # nothing to sum
+)  # fmt: skip
+def test_few_row_blocks_hand_the_weight_grads_to_column_ctas(op, shape, dtype, extra, cols):
+    """Grids of at most one row block an SM, at most 4 rows a row lane and more
+    than one row block: column CTAs beside the row CTAs write dW / dB
+    (kColumnGrads), so the grid is the row blocks plus the column CTAs, with no
+    direct gradients and no partial rows. bwd_column_grads=1 takes the partial
+    rows back (only the flag bit differs); a forced cap of the grid keeps them
+    too; sm_80 plans the same (no cluster involved)."""
+    kw = dict(extra, device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    on = cols is not None
+    assert plan["column_grads"] == on == bool(kernel_flags(plan["kernel"]) & COLUMN_GRADS), plan
+    assert ("column CTAs beside the row CTAs" in plan["reason"]) == on, plan["reason"]
+    if not on:
+        assert "column_ctas" not in plan
+        return
+    assert plan["column_ctas"] == cols and plan["grid"] == plan["row_blocks"] + cols, plan
+    assert not plan["direct_grads"] and plan["row_blocks"] <= 132, plan
+    vec = int(plan["kernel"].split(",")[3])
+    assert plan["smem"] >= 2 * plan["block"] * vec * 4, plan  # the lanes' sums
+    off, _ = _explain_off_on("bwd_column_grads", op, shape, dtype, **kw)
+    assert not off["backward"]["column_grads"] and "column_ctas" not in off["backward"]
+    assert kernel_flags(off["backward"]["kernel"]) == kernel_flags(plan["kernel"]) & ~COLUMN_GRADS
+    with _tuning.override(bwd_min_row_blocks=2):
+        capped = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+        assert not capped["column_grads"] and capped["max_ctas"] < capped["row_blocks"], capped
+    assert rtcnorm.explain(op, shape, dtype, **dict(kw, arch="sm_80"))["backward"]["column_grads"]
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize(
     ("m", "n", "fetch"),

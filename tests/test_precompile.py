@@ -27,6 +27,7 @@ GRAD_DH, WANT_DW, WANT_DB, SMEM_ROW, STAGED_ROW = 64, 128, 256, 4096, 1 << 16
 CLUSTER_SHIFT = 14  # log2 of the CTAs of a thread-block cluster, in two bits
 CLUSTER16 = 1 << 30  # ... or this bit alone: 16 CTAs (sm_90)
 DEFER_STATS = 1 << 29  # backward: the cluster's row sums collected one row block late
+COLUMN_GRADS = 1 << 21  # backward: column CTAs beside the row CTAs write dW / dB
 
 # One row length per launch-plan class besides multi-warp (N=4096 covers it),
 # each on one arch so that every arch sees several classes; all float32: the
@@ -181,6 +182,25 @@ def test_staged_backward_compiles_on_every_arch(op, arch):
     assert any(k["flags"] & GRAD_DH for k in staged) == (op == "rms_norm" and arch != "sm_80")
     split = {k["n"] for k in kernels if k["kernel"] == f"{op}_bwd_cols"}
     assert split == ({32768} if arch == "sm_80" else set())
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+@pytest.mark.parametrize("op", OPS)
+def test_column_grads_backward_compiles_on_every_arch(op, arch):
+    """Grids of a few row blocks (32 rows) hand dW / dB to column CTAs in the
+    same launch (kColumnGrads) on every arch: register rows of lone CTAs, with
+    every gradient combination (and RMSNorm's dh), never staged, clustered or
+    writing direct gradients."""
+    kernels = compile_variants(op, [4096], [torch.bfloat16], [None], arch)
+    cols = [k for k in kernels if k["kernel"] == f"{op}_bwd" and k["flags"] & COLUMN_GRADS]
+    assert cols
+    assert all(k["flags"] & CACHED_ROW and not k["flags"] & (STAGED_ROW | CLUSTER16 | DEFER_STATS) for k in cols)
+    assert all((k["flags"] >> CLUSTER_SHIFT) & 3 == 0 and not k["flags"] & (1 << 23) for k in cols)
+    grads = {k["flags"] & (WANT_DW | WANT_DB | GRAD_DH) for k in cols}
+    if op == "rms_norm":
+        assert grads == {WANT_DW, WANT_DW | GRAD_DH}
+    else:
+        assert grads == {WANT_DW, WANT_DB, WANT_DW | WANT_DB}
 
 
 @pytest.mark.parametrize("op", OPS)

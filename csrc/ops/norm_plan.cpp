@@ -1175,8 +1175,11 @@ constexpr int64_t kColumnMaxRowsPerLane = 4;
 static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
   const unsigned f = plan.key.flags;
   constexpr unsigned kExcluded = kStagedRow | kClusterBits | kCluster16 | kRowClusterBits | kDeferStats;
+  // A grid capped below its row blocks (bwd_min_row_blocks) has CTAs of
+  // several row blocks: it keeps its partial rows.
   const bool eligible = !plan.split && plan.cached && (f & (kWantDw | kWantDb)) != 0 && (f & kExcluded) == 0 &&
-                        plan.key.cluster == 1 && plan.row_blocks <= sm_count;
+                        plan.key.cluster == 1 && plan.row_blocks <= sm_count &&
+                        bwd_max_units(plan, sm_count) >= plan.row_blocks;
   const int forced = norm_tuning().bwd_column_grads;
   if (!eligible || forced == 1) return plan;
   const int threads = plan.key.threads();
