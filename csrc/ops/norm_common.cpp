@@ -325,13 +325,15 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
       : column_grads ? plan.row_blocks + plan.col_ctas
                      : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k, bwd_max_units(plan, info.sm_count));
   const int64_t parts = plan.split ? split.row_tiles : grid / k.cluster;
-  // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself;
-  // with kColumnGrads the column CTAs do.
-  const bool direct = (plan.key.flags & kDirectGrads) != 0 || column_grads;
-  TORCH_INTERNAL_ASSERT(!direct || parts == 1 || column_grads, op, ": direct gradients need a grid of one row block");
+  // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself.
+  const bool direct = (plan.key.flags & kDirectGrads) != 0;
+  TORCH_INTERNAL_ASSERT(!direct || parts == 1, op, ": direct gradients need a grid of one row block");
+  // The backward kernel writes dW / dB itself (that CTA, or the column CTAs):
+  // no partial rows, no column reduce.
+  const bool grads_in_kernel = direct || column_grads;
   at::Tensor pw, pb, coef;
-  if (want_dw && !direct) pw = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
-  if (want_db && !direct) pb = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
+  if (want_dw && !grads_in_kernel) pw = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
+  if (want_db && !grads_in_kernel) pb = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
 
   NormBwdParams prm{};
   prm.dy = dy.data_ptr();
@@ -344,8 +346,8 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   prm.dx = out.dx.data_ptr();
   prm.partial_w = pw.defined() ? pw.data_ptr<float>() : nullptr;
   prm.partial_b = pb.defined() ? pb.data_ptr<float>() : nullptr;
-  prm.dw = direct && want_dw ? out.dw.data_ptr() : nullptr;
-  prm.db = direct && want_db ? out.db.data_ptr() : nullptr;
+  prm.dw = grads_in_kernel && want_dw ? out.dw.data_ptr() : nullptr;
+  prm.db = grads_in_kernel && want_db ? out.db.data_ptr() : nullptr;
   prm.rows = d.rows;
   prm.row_blocks = plan.row_blocks;
   prm.col_vecs = plan.col_vecs;
@@ -360,7 +362,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
               static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split && plan.programmatic);
 
-  if ((want_dw || want_db) && !direct) {
+  if ((want_dw || want_db) && !grads_in_kernel) {
     ColumnReduceParams rp{};
     unsigned outputs = 0;
     for (auto [partial, result] : {std::pair<at::Tensor*, at::Tensor*>{&pw, &out.dw}, {&pb, &out.db}}) {
