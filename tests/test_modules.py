@@ -608,11 +608,40 @@ def test_few_row_blocks_hand_the_weight_grads_to_column_ctas(op, shape, dtype, e
     assert plan["smem"] >= 2 * plan["block"] * vec * 4, plan  # the lanes' sums
     off, _ = _explain_off_on("bwd_column_grads", op, shape, dtype, **kw)
     assert not off["backward"]["column_grads"] and "column_ctas" not in off["backward"]
-    assert kernel_flags(off["backward"]["kernel"]) == kernel_flags(plan["kernel"]) & ~COLUMN_GRADS
+    with _tuning.override(bwd_column_grads=1, bwd_cta_threads=plan["block"]):
+        same_ctas = rtcnorm.explain(op, shape, dtype, **kw)["backward"]  # only the flag bit differs
+    assert kernel_flags(same_ctas["kernel"]) == kernel_flags(plan["kernel"]) & ~COLUMN_GRADS
     with _tuning.override(bwd_min_row_blocks=2):
         capped = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
         assert not capped["column_grads"] and capped["max_ctas"] < capped["row_blocks"], capped
     assert rtcnorm.explain(op, shape, dtype, **dict(kw, arch="sm_80"))["backward"]["column_grads"]
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "block", "row_blocks"),
+    [("rms_norm", (32, 4096), BF16, 256, 32), ("layer_norm", (32, 4096), BF16, 256, 32),  # a row a CTA
+     ("layer_norm", (8, 4096), torch.float16, 256, 8), ("rms_norm", (64, 4096), torch.float32, 256, 64),
+     ("rms_norm", (32, 2048), BF16, 256, 16),  # two rows a CTA, not the partial rows' 128-thread CTAs
+     ("layer_norm", (128, 1024), BF16, 256, 32),  # four rows a CTA
+     ("layer_norm", (100, 1000), torch.float32, 256, 25),
+     ("rms_norm", (128, 4096), BF16, 512, 64),  # 128 row blocks of 256 would leave no SMs to the column CTAs
+     ("layer_norm", (256, 1024), BF16, 512, 32)],
+)  # fmt: skip
+def test_column_gradient_grids_take_256_thread_ctas(op, shape, dtype, block, row_blocks):
+    """A grid whose column CTAs write dW / dB runs on 256-thread CTAs where its
+    rows take at most 256 threads and the column CTAs still fit beside 256-thread
+    row CTAs; otherwise it keeps its plan. bwd_cta_threads still decides when set."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert plan["column_grads"] and (plan["block"], plan["row_blocks"]) == (block, row_blocks), plan
+    # (RMSNorm's 16-bit rows of 4096 have 256-thread CTAs from the few-row rule already)
+    sized = ("column-gradient grid: CTAs of 256 threads" in plan["reason"]) + ("few 16-bit rows" in plan["reason"])
+    assert sized == (block == 256), plan["reason"]
+    with _tuning.override(bwd_cta_threads=512):
+        forced = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert forced["block"] == 512 and forced["column_grads"] and "column-gradient grid" not in forced["reason"]
+    bare = rtcnorm.explain(op, shape, dtype, elementwise_affine=False, **kw)["backward"]
+    assert not bare["column_grads"] and "column-gradient grid" not in bare["reason"], bare
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -881,14 +910,17 @@ def test_backward_grid_cap_rule(op, shape, dtype, arch, max_ctas):
     ],
 )
 def test_backward_few_row_cta_rule(op, shape, dtype, block, row_blocks):
-    """RMSNorm's few 16-bit register rows get CTAs sized to them: one row block
-    takes a CTA of just its rows, and up to 32 row blocks of 128-thread (or
-    one-row) CTAs replace 512-thread ones; bwd_cta_threads still decides when set."""
+    """RMSNorm's few 16-bit register rows get CTAs sized to them where they
+    write partial rows (column CTAs off; with them, 256-thread CTAs: see
+    test_column_gradient_grids_take_256_thread_ctas): one row block takes a CTA
+    of just its rows, and up to 32 row blocks of 128-thread (or one-row) CTAs
+    replace 512-thread ones; bwd_cta_threads still decides when set."""
     kw = dict(device="cpu", sm_count=132, arch="sm_90")
-    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    with _tuning.override(bwd_column_grads=1):
+        plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
     assert (plan["block"], plan["row_blocks"]) == (block, row_blocks), plan
     assert plan["direct_grads"] == (row_blocks == 1)
-    with _tuning.override(bwd_cta_threads=512):
+    with _tuning.override(bwd_cta_threads=512, bwd_column_grads=1):
         forced = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
     assert forced["block"] == (480 if shape[1] == 1536 else 512) and "few 16-bit rows" not in forced["reason"], forced
     assert ("few 16-bit rows" in plan["reason"]) == (block != forced["block"] and shape[1] > 512), plan

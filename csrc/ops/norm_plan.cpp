@@ -544,6 +544,7 @@ struct BwdCtaHint {
   int cache_elems = 0;
   bool staged = false;
   int cta_threads = 0;
+  bool column_grid = false;  // CTAs of exactly cta_threads for a column-gradient grid
 };
 
 // H100 kernel-only sweep (benchmarks/NOTES.md, entry 20): staging 16-bit rows
@@ -620,7 +621,8 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // kernel-only, bf16 (benchmarks/NOTES.md entry 39): RMSNorm 1x4096 2.97 ->
   // 2.45 us, LayerNorm 1x4096 3.71 -> 2.65.
   const int base_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : pick(hint.cta_threads, 512));
-  const int row_threads = plan.cached && !narrow ? few_row_rms_threads(p, tpr, base_threads) : base_threads;
+  const int row_threads =
+      plan.cached && !narrow && !hint.column_grid ? few_row_rms_threads(p, tpr, base_threads) : base_threads;
   const int rows = plan.cached ? std::max(1, pick(t.bwd_cta_threads, row_threads) / tpr) : 1;
   const int base_rows = std::max(1, base_threads / tpr);
   const bool few_row_ctas = plan.cached && t.bwd_cta_threads == 0 && rows != base_rows;
@@ -743,6 +745,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   if (keep_terms) why << "; xhat, w*dy and gamma kept as floats between the two passes";
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv;
   if (few_row_ctas) why << "; few 16-bit rows: CTAs of " << tpr * rows << " threads rather than " << tpr * base_rows;
+  if (hint.column_grid) why << "; column-gradient grid: CTAs of " << tpr * rows << " threads";
   if (direct)
     why << "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
   else
@@ -1006,9 +1009,9 @@ static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, 
 }
 
 static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
-                                   int arch, bool explain) {
+                                   int arch, bool explain, BwdCtaHint row_hint = {}) {
   const int forced = norm_tuning().bwd_cluster;
-  NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, sm_count, arch, explain);
+  NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, sm_count, arch, explain, row_hint);
   // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
   // past 8192) become staged slices.
   const int esize = jit::element_size(p.dtype);
@@ -1206,18 +1209,46 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
   return plan;
 }
 
+static NormBwdPlan plan_bwd_rules(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
+                                  int arch, bool explain, BwdCtaHint row_hint = {}) {
+  return with_column_grads_rule(
+      with_row_cluster_rule(
+          with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, sm_count, arch, explain, row_hint), sm_count,
+                          explain),
+          sm_count, arch, explain),
+      p, sm_count, explain);
+}
+
+// A grid whose column CTAs write dW / dB runs on CTAs of 256 threads (rows
+// of up to 256 threads, past narrow rows): its row CTAs then hold one row
+// of 4096 16-bit elements (two of 2048, four of 1024), and its column CTAs
+// have half the row lanes of 512 threads, fewer of them idle at a few rows a
+// lane. H100, kernel us, 512 -> 256 threads (benchmarks/NOTES.md entry 58):
+// bf16 LayerNorm 32x4096 3.32 -> 3.03, 128x1024 3.48 -> 3.16; RMSNorm
+// 64x4096 3.61 -> 3.32, 32x2048 3.08 (128-thread few-row CTAs) -> 2.84;
+// fp32 RMSNorm 32x4096 3.38 -> 3.04, LayerNorm 3.54 -> 3.20. A grid
+// that would lose its column CTAs at 256 (more row blocks than leave the
+// column CTAs their SMs) keeps its plan.
+constexpr int kColumnGridCtaThreads = 256;
+
 // Programmatic launches of the backward's later kernels (sm_90+): their CTAs
 // are scheduled while the previous kernel drains, so the launch gap between
 // them is hidden. Results are unchanged (each waits for the previous grid
 // before touching memory).
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain) {
-  NormBwdPlan plan = with_column_grads_rule(
-      with_row_cluster_rule(
-          with_gamma_rule(plan_bwd_layout(p, want_dw, want_db, grad_dh, sm_count, arch, explain), sm_count, explain),
-          sm_count, arch, explain),
-      p, sm_count, explain);
-  const int forced = norm_tuning().bwd_programmatic;
+  const NormTuning& t = norm_tuning();
+  NormBwdPlan plan = plan_bwd_rules(p, want_dw, want_db, grad_dh, sm_count, arch, explain);
+  const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
+  if ((plan.key.flags & kColumnGrads) != 0 && !narrow && t.bwd_cta_threads == 0 &&
+      plan.key.threads() != kColumnGridCtaThreads && plan.key.threads_per_row <= kColumnGridCtaThreads) {
+    BwdCtaHint hint;
+    hint.cta_threads = kColumnGridCtaThreads;
+    hint.column_grid = true;
+    NormBwdPlan alt = plan_bwd_rules(p, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
+    if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
+  }
+  const int forced = t.bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;
 }

@@ -14,14 +14,16 @@
 // Thread t is column lane t % CV and row lane l = t / CV of L = blockDim.x /
 // CV lanes (threads past L * CV idle). Lane l sums rows l, l + L, l + 2L, ...
 // in that order, kColumnRowsInFlight rows' loads in flight; then the lanes'
-// sums meet in shared memory as a pairwise tree of fixed shape. No atomics:
-// dW / dB are bitwise the same on every run for a given (M, N, CV, block).
+// sums meet in one shared-memory exchange of fixed order
+// (column_lanes_reduce). No atomics: dW / dB are bitwise the same on every
+// run for a given (M, N, CV, block).
 //
 // Invariants (ops/norm_plan.cpp, ops/norm_common.cpp):
 // - gridDim.x = row_blocks + ceil(N / VEC / CV), with row_blocks no more than
 //   one wave, so a row CTA's grid-stride loop visits its one row block only.
-// - Dynamic shared memory holds 2 * blockDim.x * VEC floats (dW's lanes, then
-//   dB's) beside whatever the row CTAs' plan needs.
+// - Dynamic shared memory holds 2 * blockDim.x * VEC floats (dW's lane sums,
+//   then dB's) beside whatever the row CTAs' plan needs.
+// - blockDim.x is a whole number of warps (the exchange shuffles whole warps).
 // - Register rows (kCachedRow, not staged, no cluster), never with
 //   kDirectGrads: the row CTAs write no gradient at all.
 #pragma once
@@ -32,6 +34,64 @@ namespace rtcnorm {
 
 constexpr int kColumnRowsInFlight = 4;
 
+// The column CTA's lane sums meet in one exchange through shared memory.
+// Each thread of a row lane that holds a row (l < used) stores its sums
+// element-major: sum q of thread t (dW's element j is q = j, dB's follow
+// dW's) sits at q * blockDim.x + t, so a warp stores consecutive words.
+// After one barrier, output o = q * cv + c (sum q of column vector c) is
+// added up by G consecutive threads: part k adds lanes k, k + G, k + 2G, ...
+// in that order, then the G parts meet in a butterfly of warp shuffles. G is
+// the largest power of two up to 32 / cv (1 where cv >= 32; cv is a power of
+// two) with G threads for every output in the CTA, so all outputs take one
+// round where the CTA has the threads. At G = 32 / cv a warp holds cv
+// outputs of one q, each load covering 32 consecutive words (no bank
+// conflicts); a smaller G spreads a warp over 32 / (G * cv) sums q, at that
+// many ways of conflict. Every sum's order is fixed by (rows, blockDim, cv):
+// no atomics, the same bits on every run.
+template <typename W, int VEC, int VECS, bool kDw, bool kDb>
+__device__ __forceinline__ void column_lanes_reduce(const NormBwdParams& p, const float (&dw)[VEC],
+                                                    const float (&db)[VEC], int l, int lanes, int first_vec) {
+  extern __shared__ __align__(16) float smem[];
+  constexpr int kSets = (kDw ? 1 : 0) + (kDb ? 1 : 0);
+  constexpr int kDbAt = kDw ? VEC : 0;  // dB's first sum
+  const int threads = static_cast<int>(blockDim.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int cv = p.col_vecs;
+  const int used = static_cast<int>(min(static_cast<long long>(lanes), p.rows));
+  if (l < used) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if constexpr (kDw) smem[j * threads + tid] = dw[j];
+      if constexpr (kDb) smem[(kDbAt + j) * threads + tid] = db[j];
+    }
+  }
+  __syncthreads();
+  const int outputs = kSets * VEC * cv;
+  int g = 1;
+  while (2 * g * cv <= 32 && 2 * g * outputs <= threads) g <<= 1;
+  const int part = tid & (g - 1);
+  const int per_round = threads / g;
+  // Rounds are uniform over the CTA: whole warps take part in the shuffles.
+  for (int o0 = 0; o0 < outputs; o0 += per_round) {
+    const int o = o0 + tid / g;
+    const bool out_ok = o < outputs;
+    const int q = out_ok ? o / cv : 0;
+    const int c = o - q * cv;
+    float s = 0.f;
+    if (out_ok) {
+      const float* slot = smem + q * threads + c;
+      for (int k = part; k < used; k += g) s += slot[k * cv];
+    }
+    for (int m = 1; m < g; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    const int v = first_vec + c;
+    if (out_ok && part == 0 && v < VECS) {
+      const bool is_db = !kDw || q >= VEC;
+      W* const out = static_cast<W*>(is_db ? p.db : p.dw);
+      out[1LL * v * VEC + (q - (is_db ? kDbAt : 0))] = from_float<W>(s);
+    }
+  }
+}
+
 template <int KIND, typename T, typename W, int N, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void norm_bwd_column_grads(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
@@ -40,7 +100,6 @@ __device__ __forceinline__ void norm_bwd_column_grads(const NormBwdParams& p) {
   constexpr bool kDb = (FLAGS & kWantDb) != 0;
   constexpr int kRu = kColumnRowsInFlight;
   allow_dependents();
-  extern __shared__ __align__(16) float smem[];
   const int cv = p.col_vecs;
   const int lanes = static_cast<int>(blockDim.x) / cv;
   const int c = static_cast<int>(threadIdx.x) % cv;
@@ -80,39 +139,7 @@ __device__ __forceinline__ void norm_bwd_column_grads(const NormBwdParams& p) {
     }
   }
 
-  // Pairwise tree over the row lanes: at step s, lane l < s adds lane l + s
-  // (when that lane exists). Element j of thread t's sums sits at
-  // j * blockDim.x + t (dW's, then dB's after VEC * blockDim.x floats), so a
-  // warp's accesses are consecutive words: no bank conflicts. Every slot is
-  // read and written by its own column's threads only, so the barriers are
-  // the tree's only ordering.
-  const int stride = static_cast<int>(blockDim.x);
-  float* const sw = smem + threadIdx.x;
-  float* const sb = sw + VEC * stride;
-  if (lane_ok) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if constexpr (kDw) sw[j * stride] = dw[j];
-      if constexpr (kDb) sb[j * stride] = db[j];
-    }
-  }
-  int span = 1;
-  while (span < lanes) span <<= 1;
-  for (int s = span >> 1; s > 0; s >>= 1) {
-    __syncthreads();
-    if (l < s && l + s < lanes) {
-      const int o = s * cv;  // lane l + s's slots, cv threads on
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if constexpr (kDw) sw[j * stride] = dw[j] = dw[j] + sw[j * stride + o];
-        if constexpr (kDb) sb[j * stride] = db[j] = db[j] + sb[j * stride + o];
-      }
-    }
-  }
-  if (l == 0 && v < kVecs) {
-    if constexpr (kDw) store<W, VEC>(static_cast<W*>(p.dw), col, from_floats<W, VEC>(dw));
-    if constexpr (kDb) store<W, VEC>(static_cast<W*>(p.db), col, from_floats<W, VEC>(db));
-  }
+  column_lanes_reduce<W, VEC, kVecs, kDw, kDb>(p, dw, db, l, lanes, v - c);
 }
 
 // The backward kernels' one body, for RMSNorm and LayerNorm alike: the
