@@ -635,15 +635,17 @@ def test_backward_of_one_row_on_one_row_group(op, n, dtype, variant, poison):
      (32, 4096, torch.bfloat16, "mixed", 256), (17, 4096, torch.float16, "residual", 256)],
 )  # fmt: skip
 def test_rms_norm_backward_on_few_row_ctas(m, n, dtype, variant, block, poison):
-    """RMSNorm's few 16-bit rows on CTAs sized to them (one row block) or of 128
-    threads (up to 32 row blocks): dx bitwise what 512-thread CTAs give (the same
-    per-row arithmetic), dW within the reference's tolerance and bitwise the same
-    from run to run, contiguous and row-strided, every weight variant."""
-    plan = rtcnorm.explain("rms_norm", (m, n), dtype, device="cuda")["backward"]
+    """RMSNorm's few 16-bit rows that write partial rows (column CTAs off: grids
+    with them take 256-thread CTAs) on CTAs sized to them (one row block) or of
+    128 threads (up to 32 row blocks): dx bitwise what 512-thread CTAs give (the
+    same per-row arithmetic), dW within the reference's tolerance and bitwise the
+    same from run to run, contiguous and row-strided, every weight variant."""
+    with _tuning.override(bwd_column_grads=1):
+        plan = rtcnorm.explain("rms_norm", (m, n), dtype, device="cuda")["backward"]
     assert plan["block"] == block and "few 16-bit rows" in plan["reason"], plan
     results = {}
     for threads in (0, 512):
-        with _tuning.override(bwd_cta_threads=threads):
+        with _tuning.override(bwd_cta_threads=threads, bwd_column_grads=1):
             torch.manual_seed(17)
             t = make("rms_norm", (m, n), dtype)
             poison(4 * t["x"].numel() * t["x"].element_size())
