@@ -498,7 +498,8 @@ def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype
     """Where every row fits one row block, its CTA (or cluster: N = 65536)
     writes dW / dB in the weight dtype itself: bitwise what the partial row
     and the column reduce give (bwd_direct_grads=1), and the reference's,
-    contiguous and strided, for every weight variant."""
+    contiguous and strided, for every weight variant. (Column CTAs off: they
+    take a lone row block of more than one row, see the test below.)"""
     if n == 65536 and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the 65536-wide one-row plan is a cluster: sm_90+")
     if variant == "bias_only":
@@ -507,7 +508,7 @@ def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype
         variant = "weight_bias"
     results = {}
     for value in (1, 2):
-        with _tuning.override(bwd_direct_grads=value):
+        with _tuning.override(bwd_direct_grads=value, bwd_column_grads=1):
             plan = rtcnorm.explain(op, (m, n), dtype, device="cuda")["backward"]
             assert plan["direct_grads"] == (value == 2) and plan["row_blocks"] == 1, plan
             torch.manual_seed(11)
@@ -525,7 +526,9 @@ def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype
     ("m", "n", "dtype", "variant"),
     [(32, 4096, torch.bfloat16, "weight"), (8, 4096, torch.bfloat16, "residual"), (64, 1024, torch.float16, "mixed"),
      (100, 1000, torch.float32, "zero_centered"), (33, 4097, torch.bfloat16, "bias_only"),
-     (1, 4096, torch.bfloat16, "weight"), (256, 1024, torch.bfloat16, "weight"), (13, 2048, torch.float32, "mixed")],
+     (1, 4096, torch.bfloat16, "weight"), (256, 1024, torch.bfloat16, "weight"), (13, 2048, torch.float32, "mixed"),
+     (2, 4096, torch.bfloat16, "residual"), (2, 1024, torch.bfloat16, "mixed"), (3, 1000, torch.float32, "bias_only"),
+     (64, 128, torch.bfloat16, "weight")],  # a lone row block of a few rows (narrow ones too)
 )  # fmt: skip
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_backward_column_ctas_write_the_weight_grads(op, m, n, dtype, variant, poison):

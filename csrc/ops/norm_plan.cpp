@@ -628,6 +628,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   const bool few_row_ctas = plan.cached && t.bwd_cta_threads == 0 && rows != base_rows;
   const int nv = plan.cached ? nv_row : std::min(nv_row, nv_target);
   plan.row_blocks = ceil_div(p.rows, rows);
+  plan.lone_sized_cta = few_row_ctas && plan.row_blocks == 1;
   const int bundles = bwd_bundles(tpr, rows);
   const bool accum = want_dw || want_db;
   plan.smem = (plan.cached && accum && bundles > 1) ? size_t(bundles) * size_t(p.hidden) * sizeof(float) : 0;
@@ -1171,8 +1172,14 @@ int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) {
 // row lanes each sum every L-th row.
 constexpr int kColumnLineBytes = 128;
 // The rule: column CTAs wherever a row lane has at most this many rows (one
-// round of loads in flight, kColumnRowsInFlight) and the grid more than one
-// row block (one row block's lone CTA writes the gradients itself).
+// round of loads in flight, kColumnRowsInFlight) and there is more than one
+// row. A single row's CTA writes dW / dB itself (column CTAs cost 0.3 us at
+// 1x4096, bf16 RMSNorm), and so does a lone CTA sized to its 2-4 rows (RMSNorm
+// 2x1024 2.33 us direct, 2.52 with column CTAs). A lone row block of 2-8 rows
+// on a CTA not sized to them gains (H100, kernel us, direct -> column CTAs,
+// benchmarks/NOTES.md entry 58): RMSNorm 2x4096 3.35 -> 2.58, 8x1024 3.08 ->
+// 2.57; LayerNorm 2x4096 4.21 -> 2.60, 2x1024 3.19 -> 2.47, fp32 2x4096 4.10
+// -> 2.89.
 constexpr int64_t kColumnMaxRowsPerLane = 4;
 
 static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
@@ -1194,7 +1201,7 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
   cv = std::min(cv, threads);
   const int64_t lanes = threads / cv;
   const int64_t rows_per_lane = ceil_div(p.rows, lanes);
-  const bool rule = plan.row_blocks > 1 && rows_per_lane <= kColumnMaxRowsPerLane;
+  const bool rule = p.rows > 1 && !plan.lone_sized_cta && rows_per_lane <= kColumnMaxRowsPerLane;
   if (pick(forced, rule ? 2 : 1) != 2) return plan;
   const size_t lane_sums = size_t(2) * threads * plan.key.vec * sizeof(float);
   plan.key.flags = (f & ~kDirectGrads) | kColumnGrads;

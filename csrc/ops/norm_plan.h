@@ -65,6 +65,9 @@ struct NormBwdPlan {
   // col_vecs vectors of columns (common/norm_bwd_columns.cuh).
   int col_vecs = 0;
   int64_t col_ctas = 0;
+  // One row block on a CTA sized to its rows (RMSNorm's few 16-bit rows):
+  // that CTA writes the gradients itself, without column CTAs.
+  bool lone_sized_cta = false;
   std::string reason;
 };
 
