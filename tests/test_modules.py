@@ -594,14 +594,15 @@ COLUMN_GRADS = 1 << 21
      ("rms_norm", (1, 4096), BF16, {}, None),  # one row: its CTA writes the gradients
      ("rms_norm", (2, 1024), BF16, {}, None),  # one CTA sized to its rows writes them too
      ("layer_norm", (2, 4096), BF16, {}, 64), ("rms_norm", (8, 1024), BF16, {}, 16),  # a few rows
+     ("layer_norm", (64, 128), BF16, {}, None), ("rms_norm", (128, 256), BF16, {}, None),  # narrow rows
      ("rms_norm", (256, 8192), BF16, {}, None),  # staged rows
      ("layer_norm", (16384, 4096), BF16, {}, None),  # a full grid
      ("rms_norm", (32, 4096), BF16, {"elementwise_affine": False}, None)],  # nothing to sum
 )  # fmt: skip
 def test_few_row_blocks_hand_the_weight_grads_to_column_ctas(op, shape, dtype, extra, cols):
     """Grids of at most one row block an SM, at most 4 rows a row lane and more
-    than one row (but not one CTA sized to its rows): column CTAs beside the row
-    CTAs write dW / dB
+    than one row (but not one CTA sized to its rows, nor narrow rows): column
+    CTAs beside the row CTAs write dW / dB
     (kColumnGrads), so the grid is the row blocks plus the column CTAs, with no
     direct gradients and no partial rows. bwd_column_grads=1 takes the partial
     rows back (only the flag bit differs); a forced cap of the grid keeps them

@@ -1179,7 +1179,9 @@ constexpr int kColumnLineBytes = 128;
 // on a CTA not sized to them gains (H100, kernel us, direct -> column CTAs,
 // benchmarks/NOTES.md entry 58): RMSNorm 2x4096 3.35 -> 2.58, 8x1024 3.08 ->
 // 2.57; LayerNorm 2x4096 4.21 -> 2.60, 2x1024 3.19 -> 2.47, fp32 2x4096 4.10
-// -> 2.89.
+// -> 2.89. Narrow rows (1024-thread CTAs of many rows) keep their plans: a
+// lone block lost there (LayerNorm 64x128 3.63 -> 3.91 us, 2x512 3.08 ->
+// 3.44; RMSNorm 64x128 3.00 -> 3.25).
 constexpr int64_t kColumnMaxRowsPerLane = 4;
 
 static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
@@ -1201,7 +1203,8 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
   cv = std::min(cv, threads);
   const int64_t lanes = threads / cv;
   const int64_t rows_per_lane = ceil_div(p.rows, lanes);
-  const bool rule = p.rows > 1 && !plan.lone_sized_cta && rows_per_lane <= kColumnMaxRowsPerLane;
+  const bool narrow = p.hidden <= pick(norm_tuning().narrow_row, kDefaultNarrowRow);
+  const bool rule = p.rows > 1 && !narrow && !plan.lone_sized_cta && rows_per_lane <= kColumnMaxRowsPerLane;
   if (pick(forced, rule ? 2 : 1) != 2) return plan;
   const size_t lane_sums = size_t(2) * threads * plan.key.vec * sizeof(float);
   plan.key.flags = (f & ~kDirectGrads) | kColumnGrads;
