@@ -58,11 +58,11 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.residual = false;
         // Besides the full grid's backward, that of one row (a CTA of one row
         // group, writing the gradients directly: kDirectGrads), of two and
-        // four rows (RMSNorm's few 16-bit rows: one CTA sized to them, or
-        // CTAs of 128 threads), of two row blocks (one per CTA: gamma loaded
-        // beside the row), of 32 rows (column CTAs writing dW / dB beside the
-        // row CTAs) and of one row block an SM (sm_90+ staged rows: row
-        // clusters of two) are kernels of their own.
+        // four rows (RMSNorm's few 16-bit rows: one CTA sized to them; else
+        // column CTAs beside 256-thread row CTAs), of two row blocks (one per
+        // CTA: gamma loaded beside the row), of 32 rows (column CTAs writing
+        // dW / dB beside the row CTAs) and of one row block an SM (sm_90+
+        // staged rows: row clusters of two) are kernels of their own.
         for (int dw = 0; dw <= int(has_w); ++dw)
           for (int db = 0; db <= int(has_b); ++db)
             for (int dh = 0; dh <= int(!ln); ++dh) {

@@ -45,12 +45,13 @@ shared memory, so each pair writes one partial row (``["backward"]
 max(SMs / 2, row blocks / k) CTAs (k = 2 for dW alone, 8 for dW and dB), which
 write fewer partial dW rows (``["backward"]["max_ctas"]``). When one row block holds every row, its
 CTA (or cluster) writes dW / dB itself and no column reduce runs
-(``["backward"]["direct_grads"]``). Grids of register rows with at most one
-row block an SM and a few rows to sum (at most 4 per row lane of a CTA) add
+(``["backward"]["direct_grads"]``). Grids of more than one register row
+(past 512 elements; not one CTA sized to its few rows) with at most one row
+block an SM and a few rows to sum (at most 4 per row lane of a CTA) add
 column CTAs to the same launch: the row CTAs compute dx only, and the column
 CTAs sum dW / dB over every row from the saved statistics and write them, so
 no partial rows or column reduce exist (``["backward"]["column_grads"]``,
-``["column_ctas"]``).
+``["column_ctas"]``); such grids run on 256-thread CTAs.
 On sm_90 and newer it splits float32 rows of more than 8192
 elements, and 16-bit rows of up to 65536 that one CTA does not hold, across a
 cluster the same way (16-bit slices of 4096 elements, staged). Wider rows
