@@ -612,6 +612,7 @@ def test_few_row_blocks_hand_the_weight_grads_to_column_ctas(op, shape, dtype, e
     on = cols is not None
     assert plan["column_grads"] == on == bool(kernel_flags(plan["kernel"]) & COLUMN_GRADS), plan
     assert ("column CTAs beside the row CTAs" in plan["reason"]) == on, plan["reason"]
+    assert not on or ("partial row per CTA" not in plan["reason"] and "as the gradients" not in plan["reason"])
     if not on:
         assert "column_ctas" not in plan
         return

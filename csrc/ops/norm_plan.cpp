@@ -596,6 +596,12 @@ static int64_t ring_stage_bytes_of(int64_t rows, int64_t cols, int esize, bool g
 // for a deeper pipeline (a third ring stage, the next-row prefetch) to pay.
 constexpr int kDeepPipeRowBlocksPerSm = 4;
 
+// How a plan's gradients leave the CTAs (explain() text): replaced by the
+// column CTAs' account where they take over (with_column_grads_rule).
+constexpr const char* kDirectGradsWhy =
+    "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
+constexpr const char* kPartialRowsWhy = "; grid = SMs x occupancy, one fp32 partial row per CTA";
+
 static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                                 bool explain, BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
@@ -747,10 +753,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv;
   if (few_row_ctas) why << "; few 16-bit rows: CTAs of " << tpr * rows << " threads rather than " << tpr * base_rows;
   if (hint.column_grid) why << "; column-gradient grid: CTAs of " << tpr * rows << " threads";
-  if (direct)
-    why << "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
-  else
-    why << "; grid = SMs x occupancy, one fp32 partial row per CTA";
+  why << (direct ? kDirectGradsWhy : kPartialRowsWhy);
   why.finish();
   return plan;
 }
@@ -1211,11 +1214,16 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
   plan.smem = std::max(plan.smem, lane_sums);
   plan.col_vecs = cv;
   plan.col_ctas = ceil_div(nvec, cv);
-  if (explain)
+  if (explain) {
+    for (const std::string gone : {kDirectGradsWhy, kPartialRowsWhy}) {
+      const size_t at = plan.reason.find(gone);
+      if (at != std::string::npos) plan.reason.erase(at, gone.size());
+    }
     plan.reason += "; " + std::to_string(plan.col_ctas) + " column CTAs beside the row CTAs write dW" +
                    ((f & kWantDb) != 0 ? std::string(" / dB") : std::string()) + " (" +
                    std::to_string(cv * plan.key.vec) + " columns each, " + std::to_string(lanes) + " row lanes of " +
                    std::to_string(rows_per_lane) + " rows): no partial rows, no column reduce";
+  }
   return plan;
 }
 
