@@ -155,6 +155,10 @@ class Reason {
 // override (1 + the bits >> 9) replaces the rule.
 // Rows at or below this width are "narrow": many rows share a CTA.
 constexpr int kDefaultNarrowRow = 512;
+// (the narrow_row tunable replaces the width)
+static bool is_narrow_row(const NormProblem& p) {
+  return p.hidden <= pick(norm_tuning().narrow_row, kDefaultNarrowRow);
+}
 // Narrow rows: the base vectors per thread (H200 sweep) and the row blocks
 // per SM up to which they run persistent at that base.
 constexpr int kNarrowBaseVecs = 2;
@@ -605,7 +609,7 @@ constexpr const char* kPartialRowsWhy = "; grid = SMs x occupancy, one fp32 part
 static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                                 bool explain, BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
-  const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
+  const bool narrow = is_narrow_row(p);
   // H200 sweeps: narrow rows want 8 cached elements per thread and 1024-thread
   // CTAs; RMSNorm above 8K up to 16K wants 32; everything else 16 at 512
   // threads. At N = 8192 32 elements spilled (H100, 16384x8192 kernel-only:
@@ -1206,7 +1210,7 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
   cv = std::min(cv, threads);
   const int64_t lanes = threads / cv;
   const int64_t rows_per_lane = ceil_div(p.rows, lanes);
-  const bool narrow = p.hidden <= pick(norm_tuning().narrow_row, kDefaultNarrowRow);
+  const bool narrow = is_narrow_row(p);
   const bool rule = p.rows > 1 && !narrow && !plan.lone_sized_cta && rows_per_lane <= kColumnMaxRowsPerLane;
   if (pick(forced, rule ? 2 : 1) != 2) return plan;
   const size_t lane_sums = size_t(2) * threads * plan.key.vec * sizeof(float);
@@ -1257,7 +1261,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
                           bool explain) {
   const NormTuning& t = norm_tuning();
   NormBwdPlan plan = plan_bwd_rules(p, want_dw, want_db, grad_dh, sm_count, arch, explain);
-  const bool narrow = p.hidden <= pick(t.narrow_row, kDefaultNarrowRow);
+  const bool narrow = is_narrow_row(p);
   if ((plan.key.flags & kColumnGrads) != 0 && !narrow && t.bwd_cta_threads == 0 &&
       plan.key.threads() != kColumnGridCtaThreads && plan.key.threads_per_row <= kColumnGridCtaThreads) {
     BwdCtaHint hint;
