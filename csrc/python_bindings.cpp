@@ -83,6 +83,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_row_cluster", &NormTuning::bwd_row_cluster, 16},
     {"bwd_defer_stats", &NormTuning::bwd_defer_stats, 2},
     {"bwd_column_grads", &NormTuning::bwd_column_grads, 2},
+    {"bwd_grid_exchange", &NormTuning::bwd_grid_exchange, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -100,6 +101,9 @@ void put_launch(py::dict& d, const jit::KernelKey& k, int64_t row_blocks) {
 // A persistent grid without a device: resident CTAs are known only once the
 // kernel is loaded on one.
 const char* unresolved_grid(const jit::KernelKey& k, bool capped) {
+  if ((k.flags & kGridExchange) != 0)
+    return capped ? "SMs x occupancy in whole groups of column_slices CTAs, at most max_ctas (resolved at launch)"
+                  : "SMs x occupancy in whole groups of column_slices CTAs (resolved at launch)";
   if (k.cluster > 1)
     return capped ? "resident clusters x cluster size, at most max_ctas (resolved at launch)"
                   : "resident clusters x cluster size (resolved at launch)";
@@ -204,6 +208,8 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["staged"] = staged;
   bd["ring_stages"] = staged ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
   bd["deferred_stats"] = (b.key.flags & kDeferStats) != 0;
+  bd["grid_exchange"] = (b.key.flags & kGridExchange) != 0;
+  bd["column_slices"] = column_slices(b.key.flags);
   bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
   const bool direct = (b.key.flags & kDirectGrads) != 0;
   bd["direct_grads"] = direct;
@@ -218,7 +224,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     const int64_t cap = bwd_max_units(b, sm_count, &cap_why);
     const bool capped = cap < bwd_grid_row_blocks(b);
     if (capped) {
-      bd["max_ctas"] = cap * b.key.cluster;
+      bd["max_ctas"] = cap * ((b.key.flags & kGridExchange) != 0 ? column_slices(b.key.flags) : b.key.cluster);
       bd["reason"] = b.reason + cap_why;
     }
     if (column_grads) {
@@ -227,7 +233,9 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
       bd["grid"] = int64_t(b.key.cluster);  // one row block: one CTA (cluster)
     } else if (device >= 0 && rows > 0) {
       const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);
-      bd["grid"] = norm_grid(bwd_grid_row_blocks(b), true, sm_count, k, cap);
+      const bool grid_exchange = (b.key.flags & kGridExchange) != 0;
+      bd["grid"] =
+          norm_grid(bwd_grid_row_blocks(b), true, sm_count, k, cap, grid_exchange ? column_slices(b.key.flags) : 1);
     } else {
       bd["grid"] = py::cast(unresolved_grid(b.key, capped));
     }

@@ -281,7 +281,7 @@ def test_cluster_exchange_over_many_row_blocks(op, cluster, poison):
     variant = "weight" if op == "rms_norm" else "weight_bias"
     with _tuning.override(fwd_cluster=cluster, bwd_cluster=cluster):
         plan = rtcnorm.explain(op, (m, n), dtype)
-        assert plan["cluster"] == cluster and plan["backward"]["cluster"] == cluster, plan
+        assert plan["cluster"] == cluster and plan["backward"]["column_slices"] == cluster, plan
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
@@ -326,8 +326,7 @@ def test_backward_rows_staged_through_shared_memory(op, n, variant, dtype, clust
     with _tuning.override(bwd_stage=2, bwd_cluster=cluster):
         plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")["backward"]
         # (Without column slices, the rule may pair the CTAs as row clusters.)
-        column_cluster = 1 if plan["row_cluster"] else plan["cluster"]
-        assert plan["staged"] and column_cluster == cluster and plan["smem"] > 0
+        assert plan["staged"] and plan["column_slices"] == cluster and plan["smem"] > 0
         check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
@@ -346,13 +345,15 @@ def test_deferred_cluster_sums_change_no_bit(op, m, n, dtype, cluster, poison):
     the grids match): the rule's cluster sizes and forced ones (clusters of 8
     for 1024+ rows of 23552-24576, slices of uneven vectors), a grid with
     more clusters than row blocks, tail row blocks past M, float16. Both
-    match the reference, contiguous and strided."""
+    match the reference, contiguous and strided. (Hardware clusters both:
+    the grid groups of test_grid_group_slices_match_the_cluster_exchange
+    have grids of their own.)"""
     t = make(op, (m, n), dtype)
-    with _tuning.override(bwd_defer_stats=2, bwd_cluster=cluster):
+    with _tuning.override(bwd_defer_stats=2, bwd_cluster=cluster, bwd_grid_exchange=1):
         cluster = rtcnorm.explain(op, (m, n), dtype)["backward"]["cluster"]
     results = {}
     for name, defer in (("met", 1), ("deferred", 2)):
-        with _tuning.override(bwd_defer_stats=defer, bwd_cluster=cluster):
+        with _tuning.override(bwd_defer_stats=defer, bwd_cluster=cluster, bwd_grid_exchange=1):
             plan = rtcnorm.explain(op, (m, n), dtype)["backward"]
             assert plan["cluster"] > 1 and plan["staged"] and plan["deferred_stats"] == (defer == 2), plan
             assert plan["ring_stages"] == (3 if defer == 2 else 2), plan
@@ -391,8 +392,8 @@ def test_layer_norm_deferred_slices_two_ctas_an_sm(m, n, dtype, variant, cluster
     x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=0.0 if variant == "mixed" else 100.0)
     dy = torch.randn_like(x)
     plan = rtcnorm.explain("layer_norm", (m, n), dtype, weight_dtype=w.dtype, zero_centered_gamma=zcg)["backward"]
-    assert plan["cluster"] == cluster and plan["block"] <= 256 and plan["deferred_stats"] and plan["staged"], plan
-    assert plan["direct_grads"] == (plan["row_blocks"] == 1), plan
+    assert plan["column_slices"] == cluster and plan["block"] <= 256 and plan["deferred_stats"], plan
+    assert plan["staged"] and plan["direct_grads"] == (plan["row_blocks"] == 1), plan
 
     def backward():
         _, mean, rstd = OPS.layer_norm(x, [n], w, b, 1e-5, None, zcg)
@@ -413,6 +414,43 @@ def test_layer_norm_deferred_slices_two_ctas_an_sm(m, n, dtype, variant, cluster
     for name, got in zip(("dx", "dw", "db"), first):
         assert_close(got, expected[name], what=name, reduce_len=m if name != "dx" else 1)
     check_contiguous_and_strided("layer_norm", m, n, dtype, variant, None, poison)
+
+
+@needs_clusters
+@pytest.mark.parametrize(
+    ("op", "m", "n", "dtype", "cluster"),
+    [("rms_norm", 1029, 32768, torch.bfloat16, 0), ("layer_norm", 1100, 65536, torch.bfloat16, 8),
+     ("layer_norm", 300, 16384, torch.float16, 0), ("rms_norm", 37, 131072, torch.bfloat16, 16),
+     ("layer_norm", 3, 24576, torch.bfloat16, 8), ("rms_norm", 700, 24576, torch.float16, 8),
+     ("layer_norm", 2 * 132 + 5, 131072, torch.bfloat16, 0)],
+)  # fmt: skip
+def test_grid_group_slices_match_the_cluster_exchange(op, m, n, dtype, cluster, poison):
+    """Deferred column slices as groups of a cooperative launch whose row sums
+    meet through global memory (kGridExchange, entry 59): dx is bitwise that
+    of the same slices as a hardware cluster (the same row sums merged in the
+    same order); dW and dB repeat bitwise and match the reference, as do
+    contiguous and strided rows. The rule's shapes and forced ones: a grid of
+    fewer row blocks than groups, tail row blocks past M, float16."""
+    t = make(op, (m, n), dtype)
+    with _tuning.override(bwd_defer_stats=2, bwd_cluster=cluster, bwd_grid_exchange=1):
+        hw = rtcnorm.explain(op, (m, n), dtype)["backward"]
+        assert hw["cluster"] > 1 and hw["deferred_stats"] and not hw["grid_exchange"], hw
+        cluster_run = run(op, t)
+    with _tuning.override(bwd_defer_stats=2, bwd_cluster=cluster, bwd_grid_exchange=2):
+        plan = rtcnorm.explain(op, (m, n), dtype)["backward"]
+        assert plan["grid_exchange"] and plan["cluster"] == 1 and plan["column_slices"] == hw["cluster"], plan
+        assert plan["kernel"].split(", ")[:7] == hw["kernel"].split(", ")[:7], (plan, hw)
+        assert plan["grid"] <= torch.cuda.get_device_properties(0).multi_processor_count * 2, plan
+        poison(4 * t["x"].numel() * t["x"].element_size())
+        got = run(op, t)
+        for _ in range(2):
+            again = run(op, t)
+            for key in again:
+                assert torch.equal(again[key], got[key]), key
+        variant = "weight" if op == "rms_norm" else "weight_bias"
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+    assert torch.equal(got["dx"], cluster_run["dx"])
+    check(op, got, ref(op, t), m)
 
 
 @pytest.mark.parametrize(

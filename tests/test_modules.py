@@ -139,11 +139,14 @@ def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
     sm_90+ (forward), as are float32 backward rows past 8192 elements; the key
     carries the cluster in its flags, and pre-Hopper plans never use one."""
     plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
-    assert plan["cluster"] == cluster and plan["backward"]["cluster"] == bwd_cluster
-    for p, cl in ((plan, cluster), (plan["backward"], bwd_cluster)):
+    bwd = plan["backward"]
+    assert plan["cluster"] == cluster and bwd["column_slices"] == bwd_cluster
+    # Deferred slices on sm_90 are grid groups, not hardware clusters (entry 59).
+    assert bwd["cluster"] == (1 if bwd["grid_exchange"] else bwd_cluster)
+    for p, cl in ((plan, cluster), (bwd, bwd_cluster)):
         assert column_cluster(p["kernel"]) == cl
         assert f", {shape[1]}, " in p["kernel"]  # the key names the whole row
-        assert (f"cluster of {cl} CTAs, {shape[1] // cl} columns each" in p["reason"]) == (cl > 1)
+        assert (f"of {cl} CTAs, {shape[1] // cl} columns each" in p["reason"]) == (cl > 1)
     if cluster > 1:
         assert plan["cached_row"] and plan["grid"] == plan["row_blocks"] * cluster
     if bwd_cluster > 1:
@@ -392,7 +395,8 @@ def test_backward_keeps_terms_between_passes_where_registers_allow(op, shape, dt
         # next-row prefetch of RMSNorm's one-row CTAs two per SM)
         # (and forced kept terms leave a deferred cluster exchange, entry 51,
         # with its third ring stage)
-        mask = ~(KEEP_TERMS | GAMMA_BESIDE_ROW | PREFETCH_NEXT | DEFER_STATS | (3 << RING_EXTRA_SHIFT))
+        # (and the grid groups of deferred slices, entry 59)
+        mask = ~(KEEP_TERMS | GAMMA_BESIDE_ROW | PREFETCH_NEXT | DEFER_STATS | GRID_EXCHANGE | (3 << RING_EXTRA_SHIFT))
         assert kernel_flags(other["backward"]["kernel"]) & mask == kernel_flags(plan["kernel"]) & mask
         assert other["backward"]["kernel"].split(", ")[:7] == plan["kernel"].split(", ")[:7]
         assert other["backward"]["block"] == plan["block"]
@@ -419,7 +423,7 @@ def test_backward_ring_depth_override(op, stages):
         assert plan["smem"] == base["smem"] // 2 * stages
         assert (kernel_flags(plan["kernel"]) >> RING_EXTRA_SHIFT) & 3 == stages - 2
         wide = rtcnorm.explain(op, (4096, 16384), BF16, **kw)["backward"]
-        assert wide["staged"] == (stages * 4096 * 2 * 2 * 4 <= 227 * 1024) or wide["cluster"] > 1, wide
+        assert wide["staged"] == (stages * 4096 * 2 * 2 * 4 <= 227 * 1024) or wide["column_slices"] > 1, wide
 
 
 @pytest.mark.parametrize(
@@ -452,6 +456,7 @@ PREFETCH_AFFINE = 1 << 13
 STAGED_ROW = 1 << 16
 RING_EXTRA_SHIFT = 19
 DEFER_STATS = 1 << 29
+GRID_EXCHANGE = 1 << 31  # deferred slices as groups of a cooperative launch (entry 59)
 
 
 @pytest.mark.parametrize(
@@ -474,7 +479,9 @@ DEFER_STATS = 1 << 29
      ("layer_norm", (2048, 12288), {"bias": False}, "sm_90", 4, True),  # dW alone: 5 rows of 96, not 2 of 192
      ("layer_norm", (512, 32768), {}, "sm_90", 8, False),  # few rows: slices of 4096, met every row block
      ("layer_norm", (2048, 20480), {}, "sm_90", 8, False),  # below 24576: met every row block
-     ("layer_norm", (1024, 65536), {}, "sm_90", 8, False),
+     ("layer_norm", (1024, 65536), {}, "sm_90", 8, True),  # grid groups: slices of 8192 (entry 59)
+     ("layer_norm", (1024, 65536), {}, "sm_100", 8, False),
+     ("layer_norm", (1023, 65536), {}, "sm_90", 8, False),
      ("layer_norm", (2048, 32768), {"bias": False}, "sm_90", 4, True),  # dW alone
      ("layer_norm", (512, 131072), {}, "sm_90", 16, True),  # both, past 65536 elements
      ("layer_norm", (4096, 16384), {}, "sm_90", 16, True),  # both, up to 16384: 256-thread CTAs, 16 a row
@@ -499,8 +506,11 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
     512-thread CTA (entry 56); bwd_defer_stats=1 restores the meeting at
     every row block in slices of 4096, 2 forces the deferral."""
     plan = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
-    assert plan["cluster"] == cluster and plan["deferred_stats"] == deferred, plan
+    assert plan["column_slices"] == cluster and plan["deferred_stats"] == deferred, plan
     assert column_cluster(plan["kernel"]) == cluster, plan
+    # sm_90's deferred slices are groups of a cooperative launch (entry 59).
+    assert plan["grid_exchange"] == (deferred and arch == "sm_90"), plan
+    assert plan["cluster"] == (1 if plan["grid_exchange"] else cluster), plan
     assert bool(kernel_flags(plan["kernel"]) & DEFER_STATS) == deferred, plan
     if deferred:
         pair = op == "layer_norm" and kw.get("bias", True) and shape[1] <= 16384
@@ -519,7 +529,7 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
         with _tuning.override(bwd_defer_stats=1):
             met = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
         assert not met["deferred_stats"] and (met["split"] or met["ring_stages"] == 2), met
-        assert met["split"] or met["cluster"] == min(8, 1 << (-(-shape[1] // 4096) - 1).bit_length()), met
+        assert met["split"] or met["column_slices"] == min(8, 1 << (-(-shape[1] // 4096) - 1).bit_length()), met
     elif cluster > 1:
         with _tuning.override(bwd_defer_stats=2):
             forced = rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
@@ -861,7 +871,7 @@ def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
     and keep the split design before; float32 rows never stage."""
     plan = rtcnorm.explain(op, (4096, n), dtype, residual=residual, device="cpu")["backward"]
     # (LayerNorm's staged rows of one CTA run as row clusters of two on sm_90+.)
-    column_cluster = 1 if plan["row_cluster"] else plan["cluster"]
+    column_cluster = plan["column_slices"]
     assert plan["staged"] == staged and column_cluster == cluster, plan
     if staged:
         tensors = 3 if residual else 2
@@ -897,7 +907,8 @@ def test_backward_grid_cap_rule(op, shape, dtype, arch, max_ctas):
     ctas = -(-forced["row_blocks"] // 5)
     if forced["row_cluster"]:  # each CTA of a row cluster owns row blocks
         ctas = -(-ctas // forced["cluster"])
-    assert forced["max_ctas"] == ctas * forced["cluster"], forced
+    unit = forced["column_slices"] if forced["grid_exchange"] else forced["cluster"]
+    assert forced["max_ctas"] == ctas * unit, forced
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ constexpr int kFuncAttrNumRegs = 4;
 constexpr int kFuncAttrSharedSizeBytes = 1;                 // static shared memory
 constexpr int kFuncAttrNonPortableClusterSizeAllowed = 14;  // clusters past 8 CTAs (sm_90: 16)
 constexpr int kStreamCaptureStatusNone = 0;
+constexpr int kLaunchAttrCooperative = 2;  // every CTA resident at once, or the launch fails
 constexpr int kLaunchAttrClusterDimension = 4;
 constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;  // sm_90+
 
@@ -43,6 +44,7 @@ struct LaunchAttribute {
       unsigned x, y, z;
     } cluster_dim;
     int programmatic_serialization;  // 1: may start before the previous kernel ends
+    int cooperative;                 // 1: all CTAs co-resident
   } value;
 };
 static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute layout");

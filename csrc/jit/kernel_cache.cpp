@@ -152,11 +152,15 @@ void make_current(CUcontext ctx) {
 // and, when asked, programmatic stream serialization. Not copyable: cfg
 // points at attrs.
 struct ExLaunch {
-  LaunchAttribute attrs[2]{};
+  LaunchAttribute attrs[3]{};
   LaunchConfig cfg{};
   ExLaunch(int cluster, bool programmatic, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
-           size_t smem, CUstream stream) {
+           size_t smem, CUstream stream, bool cooperative = false) {
     unsigned n = 0;
+    if (cooperative) {
+      attrs[n].id = kLaunchAttrCooperative;
+      attrs[n++].value.cooperative = 1;
+    }
     if (cluster > 1) {
       attrs[n].id = kLaunchAttrClusterDimension;
       attrs[n++].value.cluster_dim = {static_cast<unsigned>(cluster), 1, 1};
@@ -259,13 +263,17 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
 }
 
 void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
-            CUstream stream, void* params, bool programmatic) {
+            CUstream stream, void* params, bool programmatic, bool cooperative) {
   void* args[] = {params};
   make_current(k.ctx);
   const DriverApi& d = driver();
   programmatic = programmatic && k.arch >= 90 && d.cuLaunchKernelEx != nullptr;
-  if (k.cluster > 1 || programmatic) {
-    const ExLaunch ex(k.cluster, programmatic, grid_x, grid_y, block_x, block_y, k.smem, stream);
+  TORCH_CHECK(!cooperative || d.cuLaunchKernelEx != nullptr,
+              "rtcnorm: a cooperative launch needs cuLaunchKernelEx, "
+              "which this CUDA driver (",
+              driver_version_string(), ") does not offer");
+  if (k.cluster > 1 || programmatic || cooperative) {
+    const ExLaunch ex(k.cluster, programmatic, grid_x, grid_y, block_x, block_y, k.smem, stream, cooperative);
     check_cu(d.cuLaunchKernelEx(&ex.cfg, k.fn, args, nullptr), "cuLaunchKernelEx");
     return;
   }

@@ -61,9 +61,11 @@ std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key);
 // with a CUDA 12+ driver, a plain launch otherwise) lets k's CTAs be
 // scheduled before the stream's previous kernel completes: k must then call
 // grid_dependency_wait() (kernels/common/grid_dep.cuh) before touching
-// memory that kernel uses.
+// memory that kernel uses. `cooperative` makes every CTA resident at once
+// (the grid must fit the device at k's occupancy, else the launch fails
+// rather than leaving CTAs that wait on each other unscheduled).
 void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
-            CUstream stream, void* params, bool programmatic = false);
+            CUstream stream, void* params, bool programmatic = false, bool cooperative = false);
 
 // The current torch CUDA stream of `device`, as a driver handle.
 CUstream current_stream(int device);

@@ -167,13 +167,15 @@ at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, l
 // The kernels read x, its row map and the row counts before their first load;
 // params.cuh keeps them at the head of each block.
 static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 136, "NormFwdParams layout");
-static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 152, "NormBwdParams layout");
+static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 160, "NormBwdParams layout");
 
-int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units) {
-  const int64_t cl = k.cluster;
+int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units,
+                  int group_ctas) {
+  const int64_t cl = group_ctas > 1 ? group_ctas : k.cluster;
   int64_t units = row_blocks;
   if (persistent) {
-    units = cl > 1 ? std::max<int64_t>(1, std::min<int64_t>(row_blocks, k.max_clusters))
+    const int64_t resident_units = group_ctas > 1 ? int64_t{sm_count} * k.blocks_per_sm / group_ctas : k.max_clusters;
+    units = cl > 1 ? std::max<int64_t>(1, std::min<int64_t>(row_blocks, resident_units))
                    : persistent_grid(row_blocks, sm_count, k.blocks_per_sm);
     units = std::max<int64_t>(1, std::min(units, max_units));
   }
@@ -320,11 +322,17 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   if (plan.split) split = split_grid(plan, d.rows, info.sm_count);
   // kColumnGrads: a row CTA per row block, then the column CTAs.
   const bool column_grads = (plan.key.flags & kColumnGrads) != 0;
-  const int64_t grid =
-      plan.split     ? split.col_tiles
-      : column_grads ? plan.row_blocks + plan.col_ctas
-                     : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k, bwd_max_units(plan, info.sm_count));
-  const int64_t parts = plan.split ? split.row_tiles : grid / k.cluster;
+  // kGridExchange: a row's slices are a group of CTAs of a cooperative launch.
+  const bool grid_exchange = (plan.key.flags & kGridExchange) != 0;
+  const int group_ctas = grid_exchange ? column_slices(plan.key.flags) : 1;
+  TORCH_CHECK(!grid_exchange || int64_t{info.sm_count} * k.blocks_per_sm >= group_ctas, "rtcnorm.", op, ": kernel ",
+              plan.key.describe(), " needs ", group_ctas, " CTAs resident at once; this device holds ",
+              int64_t{info.sm_count} * k.blocks_per_sm, " (set rtcnorm._tuning bwd_grid_exchange=1)");
+  const int64_t grid = plan.split     ? split.col_tiles
+                       : column_grads ? plan.row_blocks + plan.col_ctas
+                                      : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k,
+                                                  bwd_max_units(plan, info.sm_count), group_ctas);
+  const int64_t parts = plan.split ? split.row_tiles : grid / (grid_exchange ? group_ctas : k.cluster);
   // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself.
   const bool direct = (plan.key.flags & kDirectGrads) != 0;
   TORCH_INTERNAL_ASSERT(!direct || parts == 1, op, ": direct gradients need a grid of one row block");
@@ -358,9 +366,18 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
     const jit::LoadedKernel& ck = jit::get_kernel(plan.coef_key, dev, stream, 0);
     jit::launch(ck, static_cast<unsigned>(d.rows), 1, static_cast<unsigned>(plan.coef_key.threads()), 1, stream, &prm);
   }
+  at::Tensor exchange;
+  if (grid_exchange) {
+    // common/grid_exchange.cuh's layout: kGridExchangeSlots tagged 16-byte
+    // partials per (group, row group, slice), zeroed (tag 0: none yet).
+    const int64_t partials = (grid / group_ctas) * plan.key.rows_per_cta * group_ctas;
+    exchange = at::zeros({int64_t{kGridExchangeSlots} * partials * 4}, input.options().dtype(at::kInt));
+    prm.exchange = reinterpret_cast<unsigned*>(exchange.data_ptr<int32_t>());
+  }
   // After the coefficient kernel, the column kernel may launch programmatically.
   jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
-              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split && plan.programmatic);
+              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split && plan.programmatic,
+              grid_exchange);
 
   if ((want_dw || want_db) && !grads_in_kernel) {
     ColumnReduceParams rp{};

@@ -77,9 +77,11 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
 // many as are resident at once and never more than row blocks. A cluster
 // kernel (k.cluster CTAs per row block) counts clusters, resident ones by
 // the driver's count; the result is a multiple of k.cluster below 2^31.
-// A persistent grid has at most max_units CTAs (clusters).
+// A persistent grid has at most max_units CTAs (clusters). group_ctas > 1:
+// units are groups of that many CTAs of a cooperative launch (kGridExchange),
+// as many groups as are resident at k's occupancy (at least one).
 int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k,
-                  int64_t max_units = std::numeric_limits<int64_t>::max());
+                  int64_t max_units = std::numeric_limits<int64_t>::max(), int group_ctas = 1);
 
 // Empty placeholder returned for a gradient that was not requested.
 at::Tensor no_grad_placeholder(const at::Tensor& like);

@@ -989,13 +989,24 @@ constexpr int64_t kBwd16DeferMidMinBoth = 24576;
 constexpr int64_t kBwd16DeferMidMaxBoth = 32768;
 constexpr int64_t kBwd16DeferMidMinRows = 1024;
 
+// With slices as grid groups (kGridExchange, below), two gradient sets
+// also defer on rows of 32768-65536 elements in grids of many rows, in
+// slices of 8192 (not 16384). H100 kernel-only, bf16 LayerNorm 1024x65536
+// (benchmarks/NOTES.md entry 59): meeting on clusters of 8 190.3 us,
+// deferred grid groups of 4 (slices of 16384) 177.6, of 8 163.8.
+static bool group_defer_rule(const NormProblem& p, bool both, int arch) {
+  return arch == 90 && both && norm_tuning().bwd_grid_exchange != 1 && p.hidden > kBwd16DeferMidMaxBoth &&
+         p.hidden <= kBwd16DeferMinBothSets && p.rows >= kBwd16DeferMidMinRows;
+}
+
 static bool defer_rule(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int arch) {
   const int forced = norm_tuning().bwd_defer_stats;
   if (arch < 90 || grad_dh || forced == 1) return false;
+  const bool both = want_dw && want_db;
   const bool mid =
       p.hidden >= kBwd16DeferMidMinBoth && p.hidden <= kBwd16DeferMidMaxBoth && p.rows >= kBwd16DeferMidMinRows;
-  return forced == 2 || !(want_dw && want_db) || p.hidden > kBwd16DeferMinBothSets ||
-         p.hidden <= kBwd16DeferPairMaxBoth || mid;
+  return forced == 2 || !both || p.hidden > kBwd16DeferMinBothSets || p.hidden <= kBwd16DeferPairMaxBoth || mid ||
+         group_defer_rule(p, both, arch);
 }
 
 static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, bool explain) {
@@ -1016,6 +1027,38 @@ static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, 
   return plan;
 }
 
+// Deferred column slices need not be a thread-block cluster: as a group of
+// consecutive CTAs of a cooperative launch (kGridExchange), whose row sums
+// meet through global memory one row block late, they are not placed a
+// cluster to a GPC. An H100 holds 7 clusters of 16 (112 of its 132 SMs) and
+// 15 of 8 (120), but 8 groups of 16 or 16 of 8 (128). Only where the grid
+// has row blocks for more groups than one an SM's worth of clusters.
+static NormBwdPlan with_grid_exchange(NormBwdPlan plan, int sm_count, int arch, bool explain) {
+  const unsigned f = plan.key.flags;
+  const int cl = plan.key.cluster;
+  const bool eligible = arch >= 90 && (f & kDeferStats) != 0 && (f & (kDirectGrads | kRowClusterBits)) == 0 && cl > 1 &&
+                        plan.key.threads_per_row % 32 == 0 && cl <= 32;
+  const int forced = norm_tuning().bwd_grid_exchange;
+  if (!eligible || forced == 1) return plan;
+  const bool rule = arch == 90 && plan.row_blocks >= sm_count / cl;
+  if (pick(forced, rule ? 2 : 1) != 2) return plan;
+  plan.key.flags |= kGridExchange;
+  plan.key.cluster = 1;
+  if (explain) {
+    const auto swap = [&plan](const std::string& from, const std::string& to) {
+      const size_t at = plan.reason.find(from);
+      if (at != std::string::npos) plan.reason.replace(at, from.size(), to);
+    };
+    swap("across a cluster of ", "across a group of ");
+    swap("statistics merged through distributed shared memory", "row sums merged through global memory");
+    swap("the cluster's row sums", "the group's row sums");
+    plan.reason += "; the group is " + std::to_string(cl) +
+                   " consecutive CTAs of a cooperative launch, not a hardware cluster, so groups are not packed a "
+                   "cluster to a GPC";
+  }
+  return plan;
+}
+
 static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
                                    int arch, bool explain, BwdCtaHint row_hint = {}) {
   const int forced = norm_tuning().bwd_cluster;
@@ -1033,7 +1076,7 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
   // Two gradient sets on rows of at most 16384 elements: pairs of 256-thread
   // CTAs an SM (above).
   const bool pair = defer && both && p.hidden <= kBwd16DeferPairMaxBoth;
-  const bool double_slice = both && p.hidden > kBwd16DeferMidMaxBoth;
+  const bool double_slice = both && p.hidden > kBwd16DeferMidMaxBoth && !group_defer_rule(p, both, arch);
   const int64_t slice16 = !defer ? kBwd16SliceElems
                           : pair ? kBwd16DeferPairSliceElems
                                  : (double_slice ? 2 : 1) * kBwd16DeferSliceElems;
@@ -1270,6 +1313,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     NormBwdPlan alt = plan_bwd_rules(p, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
     if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
   }
+  plan = with_grid_exchange(std::move(plan), sm_count, arch, explain);
   const int forced = t.bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;
@@ -1299,7 +1343,7 @@ int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why) {
   if (plan.split) return kNoCap;
   const int forced = norm_tuning().bwd_min_row_blocks;
   const bool staged = (plan.key.flags & kStagedRow) != 0;
-  if (forced <= 0 && (!staged || plan.key.cluster > 1)) return kNoCap;
+  if (forced <= 0 && (!staged || plan.key.cluster > 1 || column_slices(plan.key.flags) > 1)) return kNoCap;
   // A row cluster's CTAs each own row blocks: its cap counts whole clusters.
   const int64_t per_unit = (plan.key.flags & kRowClusterBits) != 0 ? plan.key.cluster : 1;
   const int64_t cap = forced > 0 ? ceil_div(ceil_div(plan.row_blocks, forced), per_unit)

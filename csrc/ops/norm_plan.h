@@ -102,6 +102,12 @@ int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
 // receives the reason text where the cap is below the row blocks.
 int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why = nullptr);
 
+// CTAs that split each row's columns (kClusterBits / kCluster16): a
+// thread-block cluster, or with kGridExchange a group of a cooperative launch.
+inline int column_slices(unsigned flags) {
+  return (flags & kCluster16) != 0 ? 16 : 1 << ((flags & kClusterBits) >> kClusterShift);
+}
+
 // Row blocks as the backward's persistent grid counts them (norm_grid): a
 // row cluster's CTAs each walk row blocks, so its clusters count shares of
 // k.cluster row blocks.

@@ -94,6 +94,11 @@ struct NormTuning {
   // or direct gradients), 2 = column CTAs beside them write dW / dB
   // (kColumnGrads) wherever eligible; the rule picks by rows per row lane.
   int bwd_column_grads = 0;
+  // Backward, deferred column slices (kDeferStats, sm_90+): 1 = the slices
+  // of a row are a thread-block cluster, 2 = consecutive CTAs of a
+  // cooperative launch whose row sums meet through global memory
+  // (kGridExchange) wherever eligible; the rule picks by slices a row.
+  int bwd_grid_exchange = 0;
 };
 
 NormTuning& norm_tuning();

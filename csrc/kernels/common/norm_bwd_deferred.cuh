@@ -27,8 +27,13 @@
 //   refilled only after this thread's last read of it (its dx in step 3).
 // - The row loop is uniform across the cluster (every CTA of a cluster walks
 //   the same row blocks): every CTA collects every call its peers publish.
+// - kGridExchange: the CL slices are CL consecutive CTAs of a cooperative
+//   launch rather than a hardware cluster, and the sums meet through global
+//   memory (common/grid_exchange.cuh) with the same call sequence and the
+//   same rank-order merge: bitwise the same results as the cluster.
 #pragma once
 
+#include "common/grid_exchange.cuh"
 #include "common/norm_bwd.cuh"
 
 namespace rtcnorm {
@@ -47,6 +52,7 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr int kStages = 2 + static_cast<int>((FLAGS & kRingExtraBits) >> kRingExtraShift);
   constexpr float kInvN = 1.f / static_cast<float>(N);
+  constexpr bool kGrid = (FLAGS & kGridExchange) != 0;
   static_assert(kCl > 1, "the exchange being deferred is a column cluster's");
   static_assert((FLAGS & kStagedRow) != 0 && (FLAGS & kCachedRow) != 0, "rows are staged in the ring");
   static_assert((FLAGS & (kKeepTerms | kRowClusterBits)) == 0, "neither kept terms nor row clusters");
@@ -55,13 +61,28 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
 
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
-  __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
-  cluster_exchange_init(cscratch);
+  // A hardware cluster's scratch, or this CTA group's part of p.exchange.
+  __shared__ ClusterScratch<kGrid ? 1 : kCl, ROWS, Sum2> cscratch;
+  const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
+  const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kCl>();
+  unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS>(p.exchange, cluster) : nullptr;
+  if constexpr (!kGrid) cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
-  const int vbase = cluster_rank<kCl>() * kVecs;
+  const int vbase = rank * kVecs;
   const long long col0 = 1LL * vbase * VEC;
-  const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
+  const auto publish = [&](Sum2 v, int call) {
+    if constexpr (kGrid)
+      grid_publish<kCl, ROWS>(v, gex, rank, call, group, lane);
+    else
+      cluster_publish<kCl, ROWS, TPR>(v, cscratch, call, group, lane);
+  };
+  const auto collect = [&](int call) {
+    if constexpr (kGrid)
+      return grid_collect<kCl, ROWS, TPR>(gex, call, group);
+    else
+      return cluster_collect<kCl, ROWS>(Sum2{}, cscratch, call, group);
+  };
   T* dx = static_cast<T*>(p.dx);
   const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
 
@@ -130,11 +151,11 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     }
     s = group_allreduce<TPR, ROWS>(s, scratch);
     if (calls > 0) {
-      const Sum2 done = cluster_collect<kCl, ROWS>(Sum2{}, cscratch, calls - 1, group);
-      cluster_publish<kCl, ROWS, TPR>(s, cscratch, calls, group, lane);
+      const Sum2 done = collect(calls - 1);
+      publish(s, calls);
       write_dx(pending, pending_stage, done);
     } else {
-      cluster_publish<kCl, ROWS, TPR>(s, cscratch, calls, group, lane);
+      publish(s, calls);
     }
     ++calls;
     pending = r;
@@ -144,9 +165,9 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     ring.fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters, p, group, col0, lane);
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
-  if (calls > 0) write_dx(pending, pending_stage, cluster_collect<kCl, ROWS>(Sum2{}, cscratch, calls - 1, group));
+  if (calls > 0) write_dx(pending, pending_stage, collect(calls - 1));
 
-  cluster_exit<kCl>(calls);
+  if constexpr (!kGrid) cluster_exit<kCl>(calls);
   __syncthreads();  // the partial-row combine reuses the ring
   constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
   float* pw = p.partial_w + cluster * N + col0;

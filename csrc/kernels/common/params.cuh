@@ -87,8 +87,17 @@ enum NormFlags : unsigned {
   // The high bit of kClusterBits' log2: set alone (the two low bits clear),
   // a cluster of 16 CTAs splits each row (sm_90's non-portable size).
   kCluster16 = 1u << 30,
+  // backward, deferred column slices (kDeferStats): the kClusterBits /
+  // kCluster16 slices of a row are consecutive CTAs of one cooperative launch,
+  // not a thread-block cluster, and their row sums meet through p.exchange
+  // in global memory (common/grid_exchange.cuh): the grid may then hold a
+  // slice on every SM, where clusters must each fit one GPC.
+  kGridExchange = 1u << 31,
 };
 constexpr int kClusterShift = 14;
+// kGridExchange: partials are kept by call modulo this many slots
+// (common/grid_exchange.cuh gives the layout and why three).
+constexpr int kGridExchangeSlots = 3;
 constexpr int kRingExtraShift = 19;
 constexpr int kRowClusterShift = 26;
 
@@ -135,6 +144,7 @@ struct NormBwdParams {
   long long rows_per_tile;  // split backward: rows per row tile (gridDim.y tiles)
   int col_vecs;             // kColumnGrads: vectors of columns a column CTA owns
   int pad_;
+  unsigned* exchange;  // kGridExchange: tagged partials, zeroed by the host
 };
 
 // Up to two (partial, out) pairs reduced by one launch; blockIdx.y picks one.
