@@ -114,22 +114,25 @@ __device__ __forceinline__ void push_to_rank(const Acc& v, unsigned remote, unsi
 }
 
 // Slots for the partials the cluster's CTAs push to this one, and the
-// mbarriers that count them in, both by call parity.
-template <int CL, int ROWS, typename Acc>
+// mbarriers that count them in, both by call modulo SLOTS: 2 where a row-group
+// barrier separates every collect from the next publish, 3 where it does not
+// (see cluster_publish).
+template <int CL, int ROWS, typename Acc, int SLOTS = 2>
 struct ClusterScratch {
-  unsigned long long full[CL > 1 ? 2 : 1];          // call parity: every partial of the call has landed
-  Acc slot[CL > 1 ? 2 : 1][CL > 1 ? ROWS : 1][CL];  // [call parity][row group][sender rank]
+  static_assert(SLOTS == 2 || SLOTS == 3, "two or three slot sets");
+  unsigned long long full[CL > 1 ? SLOTS : 1];          // call % SLOTS: every partial of the call has landed
+  Acc slot[CL > 1 ? SLOTS : 1][CL > 1 ? ROWS : 1][CL];  // [call % SLOTS][row group][sender rank]
 };
 
 // Before the first cluster_publish: the mbarriers exist before any peer can
 // push to them. Every thread of the CTA calls it; the first publish waits for
 // the cluster (cluster_exit does, where there was none).
-template <int CL, int ROWS, typename Acc>
-__device__ __forceinline__ void cluster_exchange_init(ClusterScratch<CL, ROWS, Acc>& s) {
+template <int CL, int ROWS, typename Acc, int SLOTS>
+__device__ __forceinline__ void cluster_exchange_init(ClusterScratch<CL, ROWS, Acc, SLOTS>& s) {
   if constexpr (CL > 1) {
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k)
+      for (int k = 0; k < SLOTS; ++k)
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&s.full[k])));
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -148,20 +151,27 @@ __device__ __forceinline__ void cluster_exchange_init(ClusterScratch<CL, ROWS, A
 // thread. No cluster barrier is involved after the first call: a barrier's
 // release and acquire cost a GPU-scope memory fence and an L1 invalidation.
 //
-// Why slots and mbarriers can be reused by parity: a CTA pushes call k + 2
-// into slot and mbarrier k & 1 of CTA B only after its own collect of k + 1,
-// which needs B's partial of k + 1, which B pushed after its collect of k
-// (program order; the push's release orders B's reads before it). So B's
-// mbarrier has completed the phase of call k, and B has read those slots,
-// before anything of call k + 2 reaches them. Partials of call k may land
-// before B's own expect-tx arrive for k; the phase cannot complete before
-// that arrive (one pending arrival), so the count only dips below zero.
-template <int CL, int ROWS, int TPR, typename Acc>
-__device__ __forceinline__ void cluster_publish(Acc v, ClusterScratch<CL, ROWS, Acc>& s, int call, int group,
+// Why slots and mbarriers can be reused every SLOTS calls: a CTA pushes call
+// k + SLOTS into slot and mbarrier k % SLOTS of CTA B only after its own
+// collect of k + SLOTS - 1, which needs B's partial of k + SLOTS - 1. B's
+// pushing lanes (the row group's first warp) sent that after their collect
+// of k + SLOTS - 2 (program order; the push's release orders B's reads
+// before it), and every other warp of B's row group must have read call k
+// by then too. With SLOTS = 2 that needs a row-group barrier between each
+// collect and the next publish (a meeting loop: the next row's
+// group_allreduce). The deferred loop collects k - 1 and publishes k back to
+// back, so it takes SLOTS = 3: its push of k + 2 follows the group_allreduce
+// barrier of row block k + 2, which every warp reaches after its collect of
+// k. So B's mbarrier has completed the phase of call k, and B has read those
+// slots, before anything of call k + SLOTS reaches them. Partials of call k
+// may land before B's own expect-tx arrive for k; the phase cannot complete
+// before that arrive (one pending arrival), so the count only dips below zero.
+template <int CL, int ROWS, int TPR, typename Acc, int SLOTS>
+__device__ __forceinline__ void cluster_publish(Acc v, ClusterScratch<CL, ROWS, Acc, SLOTS>& s, int call, int group,
                                                 int lane) {
   if constexpr (CL > 1) {
     if (call == 0) cluster_wait();  // cluster_exchange_init's arrive
-    const int par = call & 1;
+    const int par = call % SLOTS;
     if (threadIdx.x == 0) {
       constexpr unsigned kBytes = CL * ROWS * sizeof(Acc);
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(&s.full[par])),
@@ -174,14 +184,15 @@ __device__ __forceinline__ void cluster_publish(Acc v, ClusterScratch<CL, ROWS, 
   }
 }
 
-template <int CL, int ROWS, typename Acc>
-__device__ __forceinline__ Acc cluster_collect(Acc v, ClusterScratch<CL, ROWS, Acc>& s, int call, int group) {
+template <int CL, int ROWS, typename Acc, int SLOTS>
+__device__ __forceinline__ Acc cluster_collect(Acc v, ClusterScratch<CL, ROWS, Acc, SLOTS>& s, int call, int group) {
   if constexpr (CL == 1) {
     return v;
   } else {
-    const int par = call & 1;
+    const int par = call % SLOTS;
     const unsigned bar = shared_address(&s.full[par]);
-    const unsigned parity = static_cast<unsigned>(call >> 1) & 1u;
+    // The phase of mbarrier `par` that call completes: its (call / SLOTS)-th.
+    const unsigned parity = static_cast<unsigned>(call / SLOTS) & 1u;
     // The suspend-time hint lets a waiting warp sleep until the phase
     // completes rather than poll: a CTA sharing its SM keeps the issue slots.
     constexpr unsigned kSuspendNs = 10000000;
@@ -198,8 +209,8 @@ __device__ __forceinline__ Acc cluster_collect(Acc v, ClusterScratch<CL, ROWS, A
   }
 }
 
-template <int CL, int ROWS, int TPR, typename Acc>
-__device__ __forceinline__ Acc cluster_allreduce(Acc v, ClusterScratch<CL, ROWS, Acc>& s, int call, int group,
+template <int CL, int ROWS, int TPR, typename Acc, int SLOTS>
+__device__ __forceinline__ Acc cluster_allreduce(Acc v, ClusterScratch<CL, ROWS, Acc, SLOTS>& s, int call, int group,
                                                  int lane) {
   cluster_publish<CL, ROWS, TPR>(v, s, call, group, lane);
   return cluster_collect<CL, ROWS>(v, s, call, group);

@@ -21,8 +21,11 @@
 //   element_terms, the same rank-order merge, dW / dB summed over row blocks
 //   in the same order), so dx, dW and dB are bitwise the same.
 // - Collects and publishes alternate in every thread: iteration k collects
-//   call k - 1, then publishes call k, so collect k - 1 comes before publish
-//   k as common/cluster.cuh's reuse of slots and mbarriers by parity needs.
+//   call k - 1, then publishes call k, with no row-group barrier between
+//   them, so slots and mbarriers cycle through three sets (common/cluster.cuh
+//   gives why; two let a warp of a peer still read call k - 1 while that
+//   peer's first warp has published k and another CTA overwrites k - 1's
+//   slot with k + 1).
 // - Each thread copies exactly the ring vectors it reads back, and a stage is
 //   refilled only after this thread's last read of it (its dx in step 3).
 // - The row loop is uniform across the cluster (every CTA of a cluster walks
@@ -62,7 +65,9 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
   // A hardware cluster's scratch, or this CTA group's part of p.exchange.
-  __shared__ ClusterScratch<kGrid ? 1 : kCl, ROWS, Sum2> cscratch;
+  // (Three slot sets: collect k - 1 and publish k are not separated by a
+  // row-group barrier here; see common/cluster.cuh.)
+  __shared__ ClusterScratch<kGrid ? 1 : kCl, ROWS, Sum2, 3> cscratch;
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
   const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kCl>();
   unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS>(p.exchange, cluster) : nullptr;
