@@ -224,7 +224,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     const int64_t cap = bwd_max_units(b, sm_count, &cap_why);
     const bool capped = cap < bwd_grid_row_blocks(b);
     if (capped) {
-      bd["max_ctas"] = cap * ((b.key.flags & kGridExchange) != 0 ? column_slices(b.key.flags) : b.key.cluster);
+      bd["max_ctas"] = cap * grid_unit_ctas(b.key);
       bd["reason"] = b.reason + cap_why;
     }
     if (column_grads) {
@@ -233,9 +233,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
       bd["grid"] = int64_t(b.key.cluster);  // one row block: one CTA (cluster)
     } else if (device >= 0 && rows > 0) {
       const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);
-      const bool grid_exchange = (b.key.flags & kGridExchange) != 0;
-      bd["grid"] =
-          norm_grid(bwd_grid_row_blocks(b), true, sm_count, k, cap, grid_exchange ? column_slices(b.key.flags) : 1);
+      bd["grid"] = norm_grid(bwd_grid_row_blocks(b), true, sm_count, k, cap, grid_group_ctas(b.key));
     } else {
       bd["grid"] = py::cast(unresolved_grid(b.key, capped));
     }

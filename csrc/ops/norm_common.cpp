@@ -324,7 +324,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   const bool column_grads = (plan.key.flags & kColumnGrads) != 0;
   // kGridExchange: a row's slices are a group of CTAs of a cooperative launch.
   const bool grid_exchange = (plan.key.flags & kGridExchange) != 0;
-  const int group_ctas = grid_exchange ? column_slices(plan.key.flags) : 1;
+  const int group_ctas = grid_group_ctas(plan.key);
   TORCH_CHECK(!grid_exchange || int64_t{info.sm_count} * k.blocks_per_sm >= group_ctas, "rtcnorm.", op, ": kernel ",
               plan.key.describe(), " needs ", group_ctas, " CTAs resident at once; this device holds ",
               int64_t{info.sm_count} * k.blocks_per_sm, " (set rtcnorm._tuning bwd_grid_exchange=1)");
@@ -332,7 +332,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
                        : column_grads ? plan.row_blocks + plan.col_ctas
                                       : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k,
                                                   bwd_max_units(plan, info.sm_count), group_ctas);
-  const int64_t parts = plan.split ? split.row_tiles : grid / (grid_exchange ? group_ctas : k.cluster);
+  const int64_t parts = plan.split ? split.row_tiles : grid / grid_unit_ctas(plan.key);
   // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself.
   const bool direct = (plan.key.flags & kDirectGrads) != 0;
   TORCH_INTERNAL_ASSERT(!direct || parts == 1, op, ": direct gradients need a grid of one row block");
@@ -369,8 +369,9 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   at::Tensor exchange;
   if (grid_exchange) {
     // common/grid_exchange.cuh's layout: kGridExchangeSlots tagged 16-byte
-    // partials per (group, row group, slice), zeroed (tag 0: none yet).
-    const int64_t partials = (grid / group_ctas) * plan.key.rows_per_cta * group_ctas;
+    // partials per (group, row group, slice), i.e. per (CTA, row group),
+    // zeroed (tag 0: none yet).
+    const int64_t partials = grid * plan.key.rows_per_cta;
     exchange = at::zeros({int64_t{kGridExchangeSlots} * partials * 4}, input.options().dtype(at::kInt));
     prm.exchange = reinterpret_cast<unsigned*>(exchange.data_ptr<int32_t>());
   }

@@ -606,6 +606,20 @@ constexpr const char* kDirectGradsWhy =
     "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
 constexpr const char* kPartialRowsWhy = "; grid = SMs x occupancy, one fp32 partial row per CTA";
 
+// explain() text of a row split into column slices, which the grid-group rule
+// (with_grid_exchange) rewrites for slices that are not a hardware cluster.
+constexpr const char* kSlicesOnClusterWhy = "; row split across a cluster of ";
+constexpr const char* kClusterMergeWhy = " columns each, statistics merged through distributed shared memory";
+constexpr const char* kClusterDeferWhy = "; the cluster's row sums are collected one row block late";
+
+// Replaces the first `from` in a plan's reason by `to`; false where absent.
+static bool replace_phrase(std::string& reason, const std::string& from, const std::string& to) {
+  const size_t at = reason.find(from);
+  if (at == std::string::npos) return false;
+  reason.replace(at, from.size(), to);
+  return true;
+}
+
 static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                                 bool explain, BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
@@ -818,8 +832,8 @@ static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool expla
   plan.key.flags |= cl == jit::kMaxNonPortableCluster ? kCluster16 : log2_of_pow2(cl) << kClusterShift;
   plan.key.cluster = static_cast<int16_t>(cl);
   if (explain)
-    plan.reason += "; row split across a cluster of " + std::to_string(cl) + " CTAs, " + std::to_string(p.hidden / cl) +
-                   " columns each, statistics merged through distributed shared memory";
+    plan.reason +=
+        kSlicesOnClusterWhy + std::to_string(cl) + " CTAs, " + std::to_string(p.hidden / cl) + kClusterMergeWhy;
   return plan;
 }
 
@@ -1022,8 +1036,8 @@ static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, 
   // The deeper ring may leave room for fewer CTAs an SM: launch bounds to match.
   plan.key.variant = static_cast<int16_t>(smem_capped_blocks(plan.key.variant, stages * stage_bytes, arch));
   if (explain)
-    plan.reason += "; the cluster's row sums are collected one row block late, through a " + std::to_string(stages) +
-                   "-stage ring (" + std::to_string(stages * stage_bytes / 1024) + " KB)";
+    plan.reason += kClusterDeferWhy + (", through a " + std::to_string(stages)) + "-stage ring (" +
+                   std::to_string(stages * stage_bytes / 1024) + " KB)";
   return plan;
 }
 
@@ -1037,7 +1051,7 @@ static NormBwdPlan with_grid_exchange(NormBwdPlan plan, int sm_count, int arch, 
   const unsigned f = plan.key.flags;
   const int cl = plan.key.cluster;
   const bool eligible = arch >= 90 && (f & kDeferStats) != 0 && (f & (kDirectGrads | kRowClusterBits)) == 0 && cl > 1 &&
-                        plan.key.threads_per_row % 32 == 0 && cl <= 32;
+                        plan.key.threads_per_row % 32 == 0;
   const int forced = norm_tuning().bwd_grid_exchange;
   if (!eligible || forced == 1) return plan;
   const bool rule = arch == 90 && plan.row_blocks >= sm_count / cl;
@@ -1045,13 +1059,12 @@ static NormBwdPlan with_grid_exchange(NormBwdPlan plan, int sm_count, int arch, 
   plan.key.flags |= kGridExchange;
   plan.key.cluster = 1;
   if (explain) {
-    const auto swap = [&plan](const std::string& from, const std::string& to) {
-      const size_t at = plan.reason.find(from);
-      if (at != std::string::npos) plan.reason.replace(at, from.size(), to);
-    };
-    swap("across a cluster of ", "across a group of ");
-    swap("statistics merged through distributed shared memory", "row sums merged through global memory");
-    swap("the cluster's row sums", "the group's row sums");
+    // A deferred slice plan's text always holds these (widen_to_cluster, with_defer).
+    const bool rewritten =
+        replace_phrase(plan.reason, kSlicesOnClusterWhy, "; row split across a group of ") &&
+        replace_phrase(plan.reason, kClusterMergeWhy, " columns each, row sums merged through global memory") &&
+        replace_phrase(plan.reason, kClusterDeferWhy, "; the group's row sums are collected one row block late");
+    TORCH_INTERNAL_ASSERT(rewritten, "rtcnorm: explain() text of a deferred slice plan lost a phrase");
     plan.reason += "; the group is " + std::to_string(cl) +
                    " consecutive CTAs of a cooperative launch, not a hardware cluster, so groups are not packed a "
                    "cluster to a GPC";
@@ -1262,10 +1275,7 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
   plan.col_vecs = cv;
   plan.col_ctas = ceil_div(nvec, cv);
   if (explain) {
-    for (const std::string gone : {kDirectGradsWhy, kPartialRowsWhy}) {
-      const size_t at = plan.reason.find(gone);
-      if (at != std::string::npos) plan.reason.erase(at, gone.size());
-    }
+    for (const char* gone : {kDirectGradsWhy, kPartialRowsWhy}) replace_phrase(plan.reason, gone, "");
     plan.reason += "; " + std::to_string(plan.col_ctas) + " column CTAs beside the row CTAs write dW" +
                    ((f & kWantDb) != 0 ? std::string(" / dB") : std::string()) + " (" +
                    std::to_string(cv * plan.key.vec) + " columns each, " + std::to_string(lanes) + " row lanes of " +

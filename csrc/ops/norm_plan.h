@@ -107,6 +107,16 @@ int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why = 
 inline int column_slices(unsigned flags) {
   return (flags & kCluster16) != 0 ? 16 : 1 << ((flags & kClusterBits) >> kClusterShift);
 }
+// CTAs of a backward launch's grid group (kGridExchange: a row's slices), 1
+// for any other plan: the norm_grid argument.
+inline int grid_group_ctas(const jit::KernelKey& k) {
+  return (k.flags & kGridExchange) != 0 ? column_slices(k.flags) : 1;
+}
+// CTAs a persistent backward grid counts as one unit (one partial row):
+// the grid group's, else the hardware cluster's.
+inline int grid_unit_ctas(const jit::KernelKey& k) {
+  return (k.flags & kGridExchange) != 0 ? column_slices(k.flags) : k.cluster;
+}
 
 // Row blocks as the backward's persistent grid counts them (norm_grid): a
 // row cluster's CTAs each walk row blocks, so its clusters count shares of
