@@ -84,6 +84,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_defer_stats", &NormTuning::bwd_defer_stats, 2},
     {"bwd_column_grads", &NormTuning::bwd_column_grads, 2},
     {"bwd_grid_exchange", &NormTuning::bwd_grid_exchange, 2},
+    {"fwd_grid_exchange", &NormTuning::fwd_grid_exchange, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -180,13 +181,16 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   d["persistent"] = f.persistent;
   d["smem"] = f.smem;
   put_launch(d, f.key, f.row_blocks);
+  d["grid_exchange"] = (f.key.flags & kGridExchange) != 0;
+  d["column_slices"] = column_slices(f.key.flags);
   d["sm_count"] = sm_count;
   d["arch"] = "sm_" + std::to_string(arch);
   if (device >= 0 && rows > 0) {
     const jit::LoadedKernel& k = jit::get_kernel(f.key, device, jit::current_stream(device), f.smem);
     d["blocks_per_sm"] = k.blocks_per_sm;
     d["registers"] = k.registers;
-    d["grid"] = norm_grid(f.row_blocks, f.persistent, sm_count, k);
+    d["grid"] =
+        norm_grid(f.row_blocks, f.persistent, sm_count, k, std::numeric_limits<int64_t>::max(), grid_group_ctas(f.key));
   } else {
     d["grid"] = f.persistent ? py::cast(unresolved_grid(f.key, false)) : py::cast(f.row_blocks * f.key.cluster);
   }

@@ -211,7 +211,7 @@ def test_rows_cached_in_shared_memory(op, dtype, n, variant, mode, poison):
         plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")
         fits = n * dtype.itemsize <= 163 * 1024  # every sm_80+ part with that much: all but 256 KB rows here
         # 256 KB rows are split across a cluster on sm_90+, each slice in shared memory.
-        slices = plan["cluster"]
+        slices = plan["column_slices"]  # a hardware cluster or a grid group
         assert slices == 1 or (not fits and torch.cuda.get_device_capability() >= (9, 0))
         assert plan["cached_row"] == (fits or slices > 1)
         assert plan["smem"] == (n // slices * dtype.itemsize * plan["rows_per_cta"] if plan["cached_row"] else 0)
@@ -265,7 +265,7 @@ def test_rows_split_across_a_cluster(op, n, variant, dtype, mode, cluster, poiso
     m = 37 if n <= 24576 else 5
     with _tuning.override(fwd_cluster=cluster, bwd_cluster=cluster):
         plan = rtcnorm.explain(op, (m, n), dtype, mode=mode, residual=variant == "residual")
-        assert 1 < plan["cluster"] <= cluster and plan["cached_row"]
+        assert 1 < plan["column_slices"] <= cluster and plan["cached_row"]
         check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison)
 
 
@@ -451,6 +451,67 @@ def test_grid_group_slices_match_the_cluster_exchange(op, m, n, dtype, cluster, 
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
     assert torch.equal(got["dx"], cluster_run["dx"])
     check(op, got, ref(op, t), m)
+
+
+def forward_outputs(op, x, w, b, zcg, r):
+    """Every output of the forward op, called directly: y and the statistics (and h)."""
+    n = x.shape[-1]
+    if op == "layer_norm":
+        return OPS.layer_norm(x, [n], w, b, 1e-5, None, zcg)
+    if r is not None:
+        return OPS.add_rms_norm(x, r, [n], w, None, None, zcg)
+    return OPS.rms_norm(x, [n], w, None, None, zcg)
+
+
+@needs_clusters
+@pytest.mark.parametrize(
+    ("op", "m", "n", "dtype", "variant", "cluster", "forced"),
+    [("rms_norm", 16, 131072, torch.bfloat16, "weight", 0, False),
+     ("layer_norm", 64, 262144, torch.bfloat16, "weight_bias", 0, False),
+     ("layer_norm", 300, 131072, torch.float32, "bias", 0, False),
+     ("rms_norm", 32, 131072, torch.float16, "residual", 0, True),
+     ("rms_norm", 1003, 32768, torch.bfloat16, "zero_centered", 4, True),
+     ("layer_norm", 1003, 24576, torch.bfloat16, "mixed", 4, True),
+     ("layer_norm", 777, 65536, torch.float16, "weight", 8, True)],
+)  # fmt: skip
+def test_forward_grid_groups_match_the_cluster_exchange(op, m, n, dtype, variant, cluster, forced, poison):
+    """Forward column slices as groups of a persistent cooperative launch whose
+    statistics meet through global memory (kGridExchange, entry 60): y, the
+    statistics and h are bitwise those of the same slices as a hardware
+    cluster (the same partials merged in the same order), repeat bitwise, and
+    match the reference contiguous and strided. The rule's shapes (one CTA an
+    SM, or a grid of about one wave) and forced ones: groups walking many row
+    blocks with a tail past M, three-warp slices whose LayerNorm moments merge
+    by the general formula (24576 in 4 slices), a residual, a bias alone."""
+    shift = 0.0 if dtype == torch.float32 or variant == "mixed" else 100.0
+    if op == "rms_norm":
+        x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
+        b = None
+    else:
+        x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=shift)
+        r = None
+    kwargs = {"residual": r is not None, "weight_dtype": None if w is None else w.dtype}
+    if op == "layer_norm":
+        kwargs.update(elementwise_affine=w is not None, bias=b is not None)
+    else:
+        kwargs.update(elementwise_affine=w is not None)
+    with _tuning.override(fwd_cluster=cluster, fwd_grid_exchange=1):
+        hw = rtcnorm.explain(op, (m, n), dtype, **kwargs)
+        assert hw["cluster"] > 1 and not hw["grid_exchange"], hw
+        cluster_out = forward_outputs(op, x, w, b, zcg, r)
+    with _tuning.override(fwd_cluster=cluster, fwd_grid_exchange=2 if forced else 0):
+        plan = rtcnorm.explain(op, (m, n), dtype, **kwargs)
+        assert plan["grid_exchange"] and plan["cluster"] == 1 and plan["column_slices"] == hw["cluster"], plan
+        assert plan["persistent"] and plan["mode"] == "static_persistent", plan
+        assert plan["kernel"].split(", ")[:7] == hw["kernel"].split(", ")[:7], (plan, hw)
+        assert plan["grid"] <= torch.cuda.get_device_properties(0).multi_processor_count * plan["blocks_per_sm"], plan
+        poison(4 * x.numel() * x.element_size())
+        got = forward_outputs(op, x, w, b, zcg, r)
+        for a, c in zip(got, cluster_out):
+            assert torch.equal(a, c)
+        for a, c in zip(forward_outputs(op, x, w, b, zcg, r), got):
+            assert torch.equal(a, c)
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
 @pytest.mark.parametrize(

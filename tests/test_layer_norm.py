@@ -283,9 +283,9 @@ def test_gpu_equal_count_merges_keep_exact_means(poison, n, dtype, cluster, mode
         plan = rtcnorm.explain("layer_norm", (m, n), dtype, mode=mode)
         assert "two passes" not in plan["reason"], plan
         if clustered:
-            assert plan["cluster"] == (cluster or 8) or torch.cuda.get_device_capability() != (9, 0), plan
+            assert plan["column_slices"] == (cluster or 8) or torch.cuda.get_device_capability() != (9, 0), plan
         else:
-            assert plan["cluster"] == 1 and plan["cached_row"] == (layout != "streamed"), plan
+            assert plan["column_slices"] == 1 and plan["cached_row"] == (layout != "streamed"), plan
             assert (plan["smem"] > 0) == (layout == "shared memory"), plan
         x, w, b, _ = ln_inputs((m, n), [n], dtype, "cuda", "weight_bias", shift=1000.0)
         x[::5] = x[::5, :1].clone()  # fp32 sums of these values are exact: x - mean must be exactly 0

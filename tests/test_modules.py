@@ -167,7 +167,56 @@ def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
         assert off["cluster"] == 1 and off["backward"]["cluster"] == 1
     with _tuning.override(fwd_cluster=2, bwd_cluster=2):
         forced = rtcnorm.explain(op, (64, 8192), dtype, device="cpu", arch="sm_90")
-        assert forced["cluster"] == 2 and forced["backward"]["cluster"] == 2
+        # (The forward's 128 lone CTAs make the slices a grid group: entry 60.)
+        assert forced["column_slices"] == 2 and forced["backward"]["cluster"] == 2
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "groups"),
+    [
+        ("layer_norm", (512, 262144), torch.bfloat16, True),  # one 512-thread CTA an SM, many waves
+        ("layer_norm", (16, 262144), torch.bfloat16, True),  # 128 such CTAs
+        ("layer_norm", (256, 131072), torch.float32, True),
+        ("rms_norm", (16, 131072), torch.bfloat16, True),  # 16 rows: one 1024-thread CTA an SM
+        ("rms_norm", (8, 131072), torch.bfloat16, False),  # 64 CTAs: under half the SMs
+        ("rms_norm", (64, 131072), torch.bfloat16, False),  # four CTAs an SM: clusters
+        ("rms_norm", (512, 131072), torch.bfloat16, False),
+        ("layer_norm", (1024, 65536), torch.bfloat16, False),
+        ("rms_norm", (256, 131072), torch.float32, False),
+    ],
+)
+def test_explain_forward_grid_group_rule(op, shape, dtype, groups):
+    """Forward column slices become groups of a persistent cooperative launch
+    (kGridExchange) on sm_90 where each CTA holds an SM alone and the grid has
+    more than half as many CTAs as SMs; grids of several CTAs an SM keep
+    hardware clusters, as do other archs, an explicit multi-wave mode and the
+    override of 1. The override of 2 forces groups wherever a persistent grid
+    may split the row."""
+    plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+    slices = plan["column_slices"]
+    assert slices > 1 and plan["grid_exchange"] == groups, plan
+    assert plan["cluster"] == (1 if groups else slices)
+    assert plan["persistent"] == groups and (plan["mode"] == "static_persistent") == groups
+    assert (PREFETCH_NEXT & kernel_flags(plan["kernel"]) != 0) == groups
+    merged = f"group of {slices} CTAs, {shape[1] // slices} columns each, statistics merged through global memory"
+    assert (merged in plan["reason"]) == groups and ("distributed shared memory" in plan["reason"]) != groups
+    if groups:
+        assert "whole groups of column_slices CTAs" in plan["grid"] and "cooperative launch" in plan["reason"]
+    else:
+        assert plan["grid"] == plan["row_blocks"] * slices
+    for arch in ("sm_100", "sm_80"):
+        other = rtcnorm.explain(op, shape, dtype, device="cpu", arch=arch)
+        assert not other["grid_exchange"] and other["cluster"] == other["column_slices"]
+    waves = rtcnorm.explain(op, shape, dtype, mode="multi_wave_cached", device="cpu", arch="sm_90")
+    assert not waves["grid_exchange"] and waves["cluster"] == slices and not waves["persistent"]
+    with _tuning.override(fwd_grid_exchange=1):
+        off = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+        assert not off["grid_exchange"] and off["cluster"] == slices and off["mode"] == "multi_wave_cached"
+    with _tuning.override(fwd_grid_exchange=2):
+        on = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+        assert on["grid_exchange"] and on["column_slices"] == slices and on["persistent"]
+        reload = rtcnorm.explain(op, shape, dtype, mode="multi_wave_reload", device="cpu", arch="sm_90")
+        assert not reload["grid_exchange"] and reload["column_slices"] == 1
 
 
 @pytest.mark.parametrize("n", [128, 4096, 262144])
@@ -199,7 +248,7 @@ def test_explain_without_a_gpu(op, n):
             assert forced["mode"] == mode and forced["requested_mode"] == mode
             assert forced["persistent"] == (mode == "static_persistent")
             split = n > 65536 and arch == "sm_90" and mode != "multi_wave_reload"
-            assert forced["cluster"] == (8 if split else 1)
+            assert forced["column_slices"] == (8 if split else 1)
             assert forced["cached_row"] == (mode != "multi_wave_reload" and (n <= 65536 or split))
 
 

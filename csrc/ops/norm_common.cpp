@@ -166,7 +166,7 @@ at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, l
 
 // The kernels read x, its row map and the row counts before their first load;
 // params.cuh keeps them at the head of each block.
-static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 136, "NormFwdParams layout");
+static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 144, "NormFwdParams layout");
 static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 160, "NormBwdParams layout");
 
 int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units,
@@ -180,6 +180,28 @@ int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::
     units = std::max<int64_t>(1, std::min(units, max_units));
   }
   return std::min<int64_t>(units, std::numeric_limits<int32_t>::max() / cl) * cl;
+}
+
+// A grid group's CTAs must all be resident at once (a cooperative launch);
+// `tunable` is the rtcnorm._tuning override that turns groups off.
+static void check_grid_group_fits(const char* op, const jit::KernelKey& key, const jit::LoadedKernel& k, int sm_count,
+                                  const char* tunable) {
+  const int group_ctas = grid_group_ctas(key);
+  const int64_t resident = int64_t{sm_count} * k.blocks_per_sm;
+  TORCH_CHECK(group_ctas == 1 || resident >= group_ctas, "rtcnorm.", op, ": kernel ", key.describe(), " needs ",
+              group_ctas, " CTAs resident at once; this device holds ", resident, " (set rtcnorm._tuning ", tunable,
+              "=1)");
+}
+
+// p.exchange of a kGridExchange launch (common/grid_exchange.cuh's layout):
+// kGridExchangeSlots slots per (CTA, row group), each of 2 tagged 8-byte
+// words for partials of up to two floats or 4 for three, zeroed (tag 0:
+// nothing published yet). Undefined for other launches.
+static at::Tensor grid_exchange_buffer(const jit::KernelKey& key, int64_t grid, int floats, const at::Tensor& like) {
+  if ((key.flags & kGridExchange) == 0) return at::Tensor();
+  const int64_t words = floats <= 2 ? 2 : 4;
+  const int64_t slots = int64_t{kGridExchangeSlots} * grid * key.rows_per_cta;
+  return at::zeros({slots * words * 2}, like.options().dtype(at::kInt));
 }
 
 NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
@@ -243,7 +265,10 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   const NormFwdPlan plan = plan_norm_fwd(p, mode, info.sm_count, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
-  const int64_t grid = norm_grid(plan.row_blocks, plan.persistent, info.sm_count, k);
+  const int group_ctas = grid_group_ctas(plan.key);
+  check_grid_group_fits(op, plan.key, k, info.sm_count, "fwd_grid_exchange");
+  const int64_t grid =
+      norm_grid(plan.row_blocks, plan.persistent, info.sm_count, k, std::numeric_limits<int64_t>::max(), group_ctas);
 
   NormFwdParams prm{};
   prm.x = x.data_ptr();
@@ -259,7 +284,11 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   prm.rows = d.rows;
   prm.row_blocks = plan.row_blocks;
   prm.eps = static_cast<float>(eps);
-  jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm);
+  const bool grid_exchange = (plan.key.flags & kGridExchange) != 0;
+  const at::Tensor exchange = grid_exchange_buffer(plan.key, grid, kind == kLayerNorm ? 3 : 1, input);
+  prm.exchange = grid_exchange ? reinterpret_cast<unsigned*>(exchange.data_ptr<int32_t>()) : nullptr;
+  jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, false,
+              grid_exchange);
   return out;
 }
 
@@ -325,9 +354,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   // kGridExchange: a row's slices are a group of CTAs of a cooperative launch.
   const bool grid_exchange = (plan.key.flags & kGridExchange) != 0;
   const int group_ctas = grid_group_ctas(plan.key);
-  TORCH_CHECK(!grid_exchange || int64_t{info.sm_count} * k.blocks_per_sm >= group_ctas, "rtcnorm.", op, ": kernel ",
-              plan.key.describe(), " needs ", group_ctas, " CTAs resident at once; this device holds ",
-              int64_t{info.sm_count} * k.blocks_per_sm, " (set rtcnorm._tuning bwd_grid_exchange=1)");
+  check_grid_group_fits(op, plan.key, k, info.sm_count, "bwd_grid_exchange");
   const int64_t grid = plan.split     ? split.col_tiles
                        : column_grads ? plan.row_blocks + plan.col_ctas
                                       : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k,
@@ -366,15 +393,8 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
     const jit::LoadedKernel& ck = jit::get_kernel(plan.coef_key, dev, stream, 0);
     jit::launch(ck, static_cast<unsigned>(d.rows), 1, static_cast<unsigned>(plan.coef_key.threads()), 1, stream, &prm);
   }
-  at::Tensor exchange;
-  if (grid_exchange) {
-    // common/grid_exchange.cuh's layout: kGridExchangeSlots tagged 16-byte
-    // partials per (group, row group, slice), i.e. per (CTA, row group),
-    // zeroed (tag 0: none yet).
-    const int64_t partials = grid * plan.key.rows_per_cta;
-    exchange = at::zeros({int64_t{kGridExchangeSlots} * partials * 4}, input.options().dtype(at::kInt));
-    prm.exchange = reinterpret_cast<unsigned*>(exchange.data_ptr<int32_t>());
-  }
+  const at::Tensor exchange = grid_exchange_buffer(plan.key, grid, 2, input);
+  if (grid_exchange) prm.exchange = reinterpret_cast<unsigned*>(exchange.data_ptr<int32_t>());
   // After the coefficient kernel, the column kernel may launch programmatically.
   jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
               static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split && plan.programmatic,

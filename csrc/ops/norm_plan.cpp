@@ -293,6 +293,10 @@ static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool
   return small_grid ? kPrefetchAffine : 0u;
 }
 
+// explain() text of the forward's grid (with_fwd_grid_exchange rewrites it).
+constexpr const char* kPersistentGridWhy = "; grid = SMs x occupancy";
+constexpr const char* kMultiWaveGridWhy = "; grid = one CTA per row block";
+
 // The plan for one CTA (or row group) per row; plan_norm_fwd may split the
 // row across a cluster of such CTAs instead.
 static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain,
@@ -477,8 +481,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << (in_smem ? "; shared memory " + std::to_string(plan.smem) + " bytes" : std::string())
-      << (plan.persistent ? "; grid = SMs x occupancy" : "; grid = one CTA per row block")
-      << (keep ? "; gamma kept in registers" : "");
+      << (plan.persistent ? kPersistentGridWhy : kMultiWaveGridWhy) << (keep ? "; gamma kept in registers" : "");
   why.finish();
   return plan;
 }
@@ -919,9 +922,63 @@ static NormFwdPlan with_load_rule(NormFwdPlan plan, const NormProblem& p, bool e
   return plan;
 }
 
+// Forward column slices as a grid group (kGridExchange): the CL CTAs that
+// split a row are consecutive CTAs of a persistent cooperative launch, whose
+// statistics meet through global memory, instead of a thread-block cluster.
+// A persistent grid walks its row blocks one after another, where a
+// multi-wave grid overlaps the rows of the CTAs an SM holds, so on sm_90 the
+// rule takes groups only where the two are alike: launch bounds of one CTA an
+// SM (each SM works on one row at a time either way), and a grid of more
+// than half a wave of them. There clusters of CL whole SMs fit a GPC's SMs
+// only CL at a time (about 120 of 132 at CL = 8) while groups take every SM.
+// H100 kernel-only, cluster -> group, us (benchmarks/NOTES.md entry 60):
+// bf16 LayerNorm 16 / 128 / 512 x 262144 17.7 -> 14.3, 81.4 -> 71.7, 297.2
+// -> 249.3; float32 LayerNorm 256x131072 144.9 -> 127.9; bf16 RMSNorm
+// 16x131072 10.9 -> 8.5; float32 RMSNorm 64x262144 59.5 -> 60.9 (the one
+// loss), 512x196608 529.3 -> 528.6. Grids of several CTAs an SM lose 10-30%
+// as persistent groups when they span many waves (RMSNorm 512x131072 102.0
+// -> 118.0, float32 LayerNorm 2048x65536 403.6 -> 537.5) and land either way
+// within one wave (RMSNorm 64x131072 16.4 -> 15.4, LayerNorm 48x131072 13.9
+// -> 16.1), so they keep clusters.
+// Only where the mode is the heuristic's or asked to be persistent; applied
+// after the statistics and load rules, which read a hardware cluster of 1 as
+// a row one CTA holds.
+static bool fwd_grid_group_rule(const NormFwdPlan& plan, int sm_count, int arch) {
+  return arch == 90 && plan.key.variant == 1 && 2 * plan.row_blocks * plan.key.cluster > sm_count;
+}
+
+static NormFwdPlan with_fwd_grid_exchange(NormFwdPlan plan, NormMode requested, int sm_count, int arch, bool explain) {
+  const int cl = plan.key.cluster;
+  const bool eligible = arch >= 90 && cl > 1 && plan.cached && plan.key.threads_per_row % 32 == 0 &&
+                        (requested == NormMode::kAuto || requested == NormMode::kStaticPersistent);
+  const int forced = norm_tuning().fwd_grid_exchange;
+  if (!eligible || forced == 1) return plan;
+  if (pick(forced, fwd_grid_group_rule(plan, sm_count, arch) ? 2 : 1) != 2) return plan;
+  plan.key.flags |= kGridExchange;
+  const bool prefetch_next = norm_tuning().fwd_hints == 0;
+  if (prefetch_next) plan.key.flags |= kPrefetchNext;
+  plan.key.cluster = 1;
+  plan.persistent = true;
+  plan.mode = NormMode::kStaticPersistent;
+  if (explain) {
+    // A slice plan's text always holds these (widen_to_cluster); a
+    // multi-wave plan's grid phrase turns persistent.
+    const bool rewritten =
+        replace_phrase(plan.reason, kSlicesOnClusterWhy, "; row split across a group of ") &&
+        replace_phrase(plan.reason, kClusterMergeWhy, " columns each, statistics merged through global memory");
+    TORCH_INTERNAL_ASSERT(rewritten, "rtcnorm: explain() text of a forward slice plan lost a phrase");
+    replace_phrase(plan.reason, kMultiWaveGridWhy, kPersistentGridWhy);
+    plan.reason += "; the group is " + std::to_string(cl) +
+                   " consecutive CTAs of a persistent cooperative launch, not a hardware cluster" +
+                   (prefetch_next ? ", each prefetching its next row into L2" : "");
+  }
+  return plan;
+}
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormFwdPlan plan = plan_fwd_layout(p, requested, sm_count, arch, explain);
-  return with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain);
+  return with_fwd_grid_exchange(with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain), requested,
+                                sm_count, arch, explain);
 }
 
 // Staged column-cluster rows may collect the cluster's row sums one row block

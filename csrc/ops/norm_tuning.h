@@ -99,6 +99,11 @@ struct NormTuning {
   // cooperative launch whose row sums meet through global memory
   // (kGridExchange) wherever eligible; the rule picks by slices a row.
   int bwd_grid_exchange = 0;
+  // Forward, rows split into column slices (sm_90+): 1 = a thread-block
+  // cluster, 2 = consecutive CTAs of a persistent cooperative launch whose
+  // statistics meet through global memory (kGridExchange), wherever the
+  // mode allows a persistent grid.
+  int fwd_grid_exchange = 0;
 };
 
 NormTuning& norm_tuning();

@@ -49,6 +49,10 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
                                            under_l1 + 1};
         for (int64_t rows_per_cta = 1; rows_per_cta <= 128; rows_per_cta *= 2)
           row_counts.push_back(4 * 132 * rows_per_cta);
+        // Rows split into column slices: a grid of one slice an SM (sm_90:
+        // lone CTAs an SM, as a grid group) plans its own kernel too.
+        const int slices = column_slices(plan_norm_fwd(p, NormMode::kAuto, 132, arch).key.flags);
+        if (slices > 1) row_counts.push_back(132 / slices);
         for (int res = 0; res <= int(!ln); ++res)
           for (int64_t rows : row_counts) {
             p.residual = res;

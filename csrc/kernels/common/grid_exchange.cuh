@@ -8,11 +8,15 @@
 //
 // Layout of p.exchange, for G = gridDim.x / CL groups (the host allocates
 // and zeroes it before the launch):
-//   slots: [G][3][ROWS][CL] of 16 bytes, by call % 3: two 8-byte words
-//   {a, tag} and {b, tag} with tag = call + 1.
+//   slots: [G][3][ROWS][CL], by call % 3, each one partial as tagged 8-byte
+//   words {value, tag} with tag = call + 1, one word per float of the
+//   partial, padded to 2 words (Sum1, Sum2: 16 bytes) or 4 (three moments:
+//   32 bytes; grid_slot_words).
 //
 // Invariants:
-// - The same call sequence as common/cluster.cuh's publish / collect:
+// - Callers: the backward's deferred loop (collect k - 1, then publish k)
+//   and the forward's meeting loop (publish k, then collect k). Both make
+//   the same call sequence as common/cluster.cuh's publish / collect:
 //   every thread of the group's CTAs makes it, collect k before publish
 //   k + 1, and the group's row loop is uniform.
 // - Each 8-byte word is written and read whole (single-copy atomic), so a
@@ -24,7 +28,7 @@
 //   publishes k + 2 after the row-group barrier of that row block
 //   (group_allreduce's __syncthreads for TPR > 32; the warp's program order
 //   otherwise), which follows its collect of k in every warp, and that
-//   collect's values were consumed (dx of k written) before: no peer can
+//   collect's values were consumed (dx or y of k written) before: no peer can
 //   still be waiting on call k's words. (Two slots would not do: a peer's
 //   warp could still be reading call k while its lane 0 publishes k + 1.)
 // - Partials are merged in rank order, the same as merge_in_order over a
@@ -36,10 +40,23 @@
 
 namespace rtcnorm {
 
-// This group's slots: [3][ROWS][CL] pairs of tagged words.
-template <int CL, int ROWS>
+// Tagged 8-byte words one partial of type Acc occupies in a slot: one per
+// float, padded to 2 or 4 so that every slot starts 16-byte aligned (Sum1 and
+// Sum2: 16 bytes, the three moments of LayerNorm: 32).
+template <typename Acc>
+__device__ constexpr int grid_slot_words() {
+  return sizeof(Acc) <= 2 * sizeof(float) ? 2 : 4;
+}
+
+// This group's slots: [3][ROWS][CL] slots of grid_slot_words<Acc>() words.
+template <int CL, int ROWS, typename Acc>
 __device__ __forceinline__ unsigned long long* grid_exchange_of(unsigned* base, long long group) {
-  return reinterpret_cast<unsigned long long*>(base) + group * kGridExchangeSlots * ROWS * CL * 2;
+  return reinterpret_cast<unsigned long long*>(base) + group * kGridExchangeSlots * ROWS * CL * grid_slot_words<Acc>();
+}
+
+template <int CL, int ROWS, typename Acc>
+__device__ __forceinline__ unsigned long long* grid_slot(unsigned long long* ex, int call, int group, int rank) {
+  return ex + grid_slot_words<Acc>() * (((call % kGridExchangeSlots) * ROWS + group) * CL + rank);
 }
 
 __device__ __forceinline__ unsigned long long tagged(float v, unsigned tag) {
@@ -48,40 +65,75 @@ __device__ __forceinline__ unsigned long long tagged(float v, unsigned tag) {
 
 // Publishes this CTA's partial of `call` for its row group: `v` must be the
 // same in every thread of the group (group_allreduce's result).
-template <int CL, int ROWS>
-__device__ __forceinline__ void grid_publish(Sum2 v, unsigned long long* ex, int rank, int call, int group, int lane) {
+template <int CL, int ROWS, typename Acc>
+__device__ __forceinline__ void grid_publish(Acc v, unsigned long long* ex, int rank, int call, int group, int lane) {
+  constexpr int kFloats = sizeof(Acc) / sizeof(float);
+  static_assert(kFloats >= 1 && kFloats <= 3, "partials of one to three floats");
   if (lane != 0) return;
-  unsigned long long* dst = ex + 2 * (((call % kGridExchangeSlots) * ROWS + group) * CL + rank);
+  unsigned long long* dst = grid_slot<CL, ROWS, Acc>(ex, call, group, rank);
   const unsigned tag = static_cast<unsigned>(call) + 1u;
-  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(tagged(v.a, tag)), "l"(tagged(v.b, tag))
-               : "memory");
+  const float* f = reinterpret_cast<const float*>(&v);
+  if constexpr (kFloats == 1) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(dst), "l"(tagged(f[0], tag)) : "memory");
+  } else {
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(tagged(f[0], tag)),
+                 "l"(tagged(f[1], tag))
+                 : "memory");
+    if constexpr (kFloats == 3)
+      asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(dst + 2), "l"(tagged(f[2], tag)) : "memory");
+  }
 }
 
-// Waits for the group's CL partials of `call` and merges them in rank order.
-// Every warp of the row group fetches them itself (lanes 0..CL-1, one rank
-// each) and spreads them by shuffles, so no barrier is needed.
-template <int CL, int ROWS, int TPR>
-__device__ __forceinline__ Sum2 grid_collect(const unsigned long long* ex, int call, int group) {
-  static_assert(TPR % 32 == 0 && CL <= 32, "a warp of the row group fetches every rank's partial");
-  const int l = threadIdx.x & 31;
-  float a = 0.f, b = 0.f;
-  if (l < CL) {
-    const unsigned tag = static_cast<unsigned>(call) + 1u;
-    const unsigned long long* src = ex + 2 * (((call % kGridExchangeSlots) * ROWS + group) * CL + l);
-    unsigned long long wa, wb;
-    // Normally long published (the sums were sent a row block ago).
-    for (;;) {
-      asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(wa), "=l"(wb) : "l"(src) : "memory");
-      if (static_cast<unsigned>(wa >> 32) == tag && static_cast<unsigned>(wb >> 32) == tag) break;
-      __nanosleep(32);
+// Polls one slot until each of its kFloats words carries `tag`, and returns
+// the values.
+template <typename Acc>
+__device__ __forceinline__ Acc grid_poll(const unsigned long long* src, unsigned tag) {
+  constexpr int kFloats = sizeof(Acc) / sizeof(float);
+  unsigned long long w[3] = {0, 0, 0};
+  // Normally long published: the sums were sent a row block ago (deferred
+  // loop), or by CTAs that loaded their slices beside this one.
+  for (;;) {
+    bool ready;
+    if constexpr (kFloats == 1) {
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w[0]) : "l"(src) : "memory");
+      ready = static_cast<unsigned>(w[0] >> 32) == tag;
+    } else {
+      asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[0]), "=l"(w[1]) : "l"(src) : "memory");
+      if constexpr (kFloats == 3)
+        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w[2]) : "l"(src + 2) : "memory");
+      ready = static_cast<unsigned>(w[0] >> 32) == tag && static_cast<unsigned>(w[1] >> 32) == tag &&
+              (kFloats == 2 || static_cast<unsigned>(w[2] >> 32) == tag);
     }
-    a = __uint_as_float(static_cast<unsigned>(wa));
-    b = __uint_as_float(static_cast<unsigned>(wb));
+    if (ready) break;
+    __nanosleep(32);
   }
-  Sum2 r{__shfl_sync(0xffffffffu, a, 0), __shfl_sync(0xffffffffu, b, 0)};
+  Acc v;
+  float* f = reinterpret_cast<float*>(&v);
 #pragma unroll
-  for (int k = 1; k < CL; ++k) r = merge(r, Sum2{__shfl_sync(0xffffffffu, a, k), __shfl_sync(0xffffffffu, b, k)});
-  return r;
+  for (int k = 0; k < kFloats; ++k) f[k] = __uint_as_float(static_cast<unsigned>(w[k]));
+  return v;
+}
+
+// Waits for the group's CL partials of `call` and merges them in rank order
+// (merge_in_order, as over a cluster's slots). Every warp of the row group
+// fetches them itself (lanes 0..CL-1, one rank each) and spreads them by
+// shuffles, so no barrier is needed.
+template <int CL, int ROWS, int TPR, typename Acc>
+__device__ __forceinline__ Acc grid_collect(unsigned long long* ex, int call, int group) {
+  static_assert(TPR % 32 == 0 && CL <= 32, "a warp of the row group fetches every rank's partial");
+  constexpr int kFloats = sizeof(Acc) / sizeof(float);
+  const int l = threadIdx.x & 31;
+  Acc mine{};
+  if (l < CL) mine = grid_poll<Acc>(grid_slot<CL, ROWS, Acc>(ex, call, group, l), static_cast<unsigned>(call) + 1u);
+  const float* m = reinterpret_cast<const float*>(&mine);
+  Acc part[CL];
+#pragma unroll
+  for (int k = 0; k < CL; ++k) {
+    float* f = reinterpret_cast<float*>(&part[k]);
+#pragma unroll
+    for (int j = 0; j < kFloats; ++j) f[j] = __shfl_sync(0xffffffffu, m[j], k);
+  }
+  return merge_in_order<CL>(part);
 }
 
 }  // namespace rtcnorm

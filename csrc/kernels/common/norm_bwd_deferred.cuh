@@ -70,7 +70,7 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   __shared__ ClusterScratch<kGrid ? 1 : kCl, ROWS, Sum2, 3> cscratch;
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
   const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kCl>();
-  unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS>(p.exchange, cluster) : nullptr;
+  unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS, Sum2>(p.exchange, cluster) : nullptr;
   if constexpr (!kGrid) cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
@@ -84,7 +84,7 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   };
   const auto collect = [&](int call) {
     if constexpr (kGrid)
-      return grid_collect<kCl, ROWS, TPR>(gex, call, group);
+      return grid_collect<kCl, ROWS, TPR, Sum2>(gex, call, group);
     else
       return cluster_collect<kCl, ROWS>(Sum2{}, cscratch, call, group);
   };

@@ -28,9 +28,15 @@
 //   column slices: CTA rank r owns columns [r * N / CL, (r + 1) * N / CL),
 //   caches its slice, and the slices' statistics are merged through the
 //   cluster (common/cluster.cuh). Row blocks are then indexed per cluster.
+// - kGridExchange: the CL slices are CL consecutive CTAs of a cooperative
+//   launch (a persistent grid, every CTA resident) instead of a cluster, and
+//   the statistics meet through p.exchange in global memory
+//   (common/grid_exchange.cuh) in the same rank order. Row blocks are then
+//   indexed per group.
 #pragma once
 
 #include "common/cluster.cuh"
+#include "common/grid_exchange.cuh"
 #include "common/params.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -240,6 +246,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr bool kPreload = kCached && !kKeep && kAffine && (FLAGS & kPreloadAffine) != 0;
   constexpr bool kTwoPass = KIND == kLayerNorm && (FLAGS & kTwoPassStats) != 0;
   constexpr bool kAlloc = (FLAGS & kL1Allocate) != 0;
+  constexpr bool kGrid = (FLAGS & kGridExchange) != 0;
+  constexpr int kHwCl = kGrid ? 1 : kCl;  // CTAs of a hardware cluster
+  static_assert(!kGrid || kCl > 1, "a grid group splits a row's columns");
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
   static_assert((N / VEC) % kCl == 0, "a cluster splits a row into equal slices of whole vectors");
   static_assert(kCl == 1 || kCached || kSmem, "a cluster splits rows it caches, never streamed ones");
@@ -250,11 +259,12 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 
   __shared__ GroupScratch<TPR, kTwoPass ? 1 : ROWS, Red> scratch;
   __shared__ GroupScratch<TPR, kTwoPass ? ROWS : 1, Sum1> scratch1;
-  __shared__ ClusterScratch<kCl, ROWS, Red> cscratch;
+  __shared__ ClusterScratch<kHwCl, ROWS, Red> cscratch;
   cluster_exchange_init(cscratch);
   const int lane = threadIdx.x % TPR;
   const int group = threadIdx.x / TPR;
-  const int rank = cluster_rank<kCl>();
+  const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kHwCl>();
+  unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS, Red>(p.exchange, blockIdx.x / kCl) : nullptr;
   const int vbase = rank * kVecs;            // this CTA's first vector of a row
   const long long col0 = 1LL * vbase * VEC;  // and first column
   extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
@@ -346,7 +356,12 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     } else {
       Red red = AccAs<Red>::from(acc);
       red = group_allreduce<TPR, ROWS>(red, scratch);
-      red = cluster_allreduce<kCl, ROWS, TPR>(red, cscratch, calls++, group, lane);
+      if constexpr (kGrid) {
+        grid_publish<kCl, ROWS>(red, gex, rank, calls, group, lane);
+        red = grid_collect<kCl, ROWS, TPR, Red>(gex, calls++, group);
+      } else {
+        red = cluster_allreduce<kCl, ROWS, TPR>(red, cscratch, calls++, group, lane);
+      }
       Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
     }
     if (row_ok && lane == 0 && rank == 0) {
@@ -389,7 +404,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     }
     rb += clusters;
   } while (rb < p.row_blocks);
-  cluster_exit<kCl>(calls);
+  cluster_exit<kHwCl>(calls);
 }
 
 }  // namespace rtcnorm

@@ -87,7 +87,7 @@ enum NormFlags : unsigned {
   // The high bit of kClusterBits' log2: set alone (the two low bits clear),
   // a cluster of 16 CTAs splits each row (sm_90's non-portable size).
   kCluster16 = 1u << 30,
-  // backward, deferred column slices (kDeferStats): the kClusterBits /
+  // column slices (forward; backward with kDeferStats): the kClusterBits /
   // kCluster16 slices of a row are consecutive CTAs of one cooperative launch,
   // not a thread-block cluster, and their row sums meet through p.exchange
   // in global memory (common/grid_exchange.cuh): the grid may then hold a
@@ -121,7 +121,8 @@ struct NormFwdParams {
   int pad_;
   const void* residual;
   RowMap residual_map;
-  void* h;  // contiguous rows x N, written when kResidual
+  void* h;             // contiguous rows x N, written when kResidual
+  unsigned* exchange;  // kGridExchange: tagged partials, zeroed by the host
 };
 
 struct NormBwdParams {
