@@ -623,6 +623,28 @@ static bool replace_phrase(std::string& reason, const std::string& from, const s
   return true;
 }
 
+// Whether a plan's column slices may be a grid group (kGridExchange) rather
+// than a hardware cluster: grid_collect has a whole warp of each slice's row
+// group fetch the CL partials.
+static bool grid_group_eligible(const jit::KernelKey& key, int arch) {
+  return arch >= 90 && key.cluster > 1 && key.threads_per_row % 32 == 0;
+}
+
+// Makes a slice plan's hardware cluster a grid group: the flags keep the
+// slices, the launch has no cluster shape. explain() text says that the
+// slices' `sums` meet through global memory (a slice plan's text always
+// holds both phrases, from widen_to_cluster).
+template <typename Plan>
+static void to_grid_group(Plan& plan, const char* sums, bool explain) {
+  plan.key.flags |= kGridExchange;
+  plan.key.cluster = 1;
+  if (!explain) return;
+  const bool rewritten = replace_phrase(plan.reason, kSlicesOnClusterWhy, "; row split across a group of ") &&
+                         replace_phrase(plan.reason, kClusterMergeWhy,
+                                        std::string(" columns each, ") + sums + " merged through global memory");
+  TORCH_INTERNAL_ASSERT(rewritten, "rtcnorm: explain() text of a slice plan lost a phrase");
+}
+
 static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                                 bool explain, BwdCtaHint hint = {}) {
   const NormTuning& t = norm_tuning();
@@ -949,24 +971,18 @@ static bool fwd_grid_group_rule(const NormFwdPlan& plan, int sm_count, int arch)
 
 static NormFwdPlan with_fwd_grid_exchange(NormFwdPlan plan, NormMode requested, int sm_count, int arch, bool explain) {
   const int cl = plan.key.cluster;
-  const bool eligible = arch >= 90 && cl > 1 && plan.cached && plan.key.threads_per_row % 32 == 0 &&
+  const bool eligible = grid_group_eligible(plan.key, arch) && plan.cached &&
                         (requested == NormMode::kAuto || requested == NormMode::kStaticPersistent);
   const int forced = norm_tuning().fwd_grid_exchange;
   if (!eligible || forced == 1) return plan;
   if (pick(forced, fwd_grid_group_rule(plan, sm_count, arch) ? 2 : 1) != 2) return plan;
-  plan.key.flags |= kGridExchange;
+  to_grid_group(plan, "statistics", explain);
   const bool prefetch_next = norm_tuning().fwd_hints == 0;
   if (prefetch_next) plan.key.flags |= kPrefetchNext;
-  plan.key.cluster = 1;
   plan.persistent = true;
   plan.mode = NormMode::kStaticPersistent;
   if (explain) {
-    // A slice plan's text always holds these (widen_to_cluster); a
-    // multi-wave plan's grid phrase turns persistent.
-    const bool rewritten =
-        replace_phrase(plan.reason, kSlicesOnClusterWhy, "; row split across a group of ") &&
-        replace_phrase(plan.reason, kClusterMergeWhy, " columns each, statistics merged through global memory");
-    TORCH_INTERNAL_ASSERT(rewritten, "rtcnorm: explain() text of a forward slice plan lost a phrase");
+    // A multi-wave plan's grid phrase turns persistent.
     replace_phrase(plan.reason, kMultiWaveGridWhy, kPersistentGridWhy);
     plan.reason += "; the group is " + std::to_string(cl) +
                    " consecutive CTAs of a persistent cooperative launch, not a hardware cluster" +
@@ -1107,19 +1123,16 @@ static NormBwdPlan with_defer(NormBwdPlan plan, const NormProblem& p, int arch, 
 static NormBwdPlan with_grid_exchange(NormBwdPlan plan, int sm_count, int arch, bool explain) {
   const unsigned f = plan.key.flags;
   const int cl = plan.key.cluster;
-  const bool eligible = arch >= 90 && (f & kDeferStats) != 0 && (f & (kDirectGrads | kRowClusterBits)) == 0 && cl > 1 &&
-                        plan.key.threads_per_row % 32 == 0;
+  const bool eligible =
+      grid_group_eligible(plan.key, arch) && (f & kDeferStats) != 0 && (f & (kDirectGrads | kRowClusterBits)) == 0;
   const int forced = norm_tuning().bwd_grid_exchange;
   if (!eligible || forced == 1) return plan;
   const bool rule = arch == 90 && plan.row_blocks >= sm_count / cl;
   if (pick(forced, rule ? 2 : 1) != 2) return plan;
-  plan.key.flags |= kGridExchange;
-  plan.key.cluster = 1;
+  to_grid_group(plan, "row sums", explain);
   if (explain) {
-    // A deferred slice plan's text always holds these (widen_to_cluster, with_defer).
+    // A deferred slice plan's text always holds it (with_defer).
     const bool rewritten =
-        replace_phrase(plan.reason, kSlicesOnClusterWhy, "; row split across a group of ") &&
-        replace_phrase(plan.reason, kClusterMergeWhy, " columns each, row sums merged through global memory") &&
         replace_phrase(plan.reason, kClusterDeferWhy, "; the group's row sums are collected one row block late");
     TORCH_INTERNAL_ASSERT(rewritten, "rtcnorm: explain() text of a deferred slice plan lost a phrase");
     plan.reason += "; the group is " + std::to_string(cl) +

@@ -114,51 +114,17 @@ __device__ __forceinline__ Acc grid_poll(const unsigned long long* src, unsigned
   return v;
 }
 
-// Whether merge_in_order joins partials of type Acc as a pairwise tree.
-template <typename Acc>
-struct PairwiseMerge {
-  static constexpr bool value = false;
-};
-template <>
-struct PairwiseMerge<MeanM2Eq> {
-  static constexpr bool value = true;
-};
-
-// Every float of `v` from lane `src` of the warp.
-template <typename Acc>
-__device__ __forceinline__ Acc shfl_from(const Acc& v, int src) {
-  Acc r;
-  const float* f = reinterpret_cast<const float*>(&v);
-  float* g = reinterpret_cast<float*>(&r);
-#pragma unroll
-  for (int j = 0; j < static_cast<int>(sizeof(Acc) / sizeof(float)); ++j) g[j] = __shfl_sync(0xffffffffu, f[j], src);
-  return r;
-}
-
 // Waits for the group's CL partials of `call` and merges them in rank order
 // (merge_in_order's order, as over a cluster's slots). Every warp of the row
-// group fetches them itself (lanes 0..CL-1, one rank each) and spreads them
-// by shuffles, so no barrier is needed. Left-to-right merges take each
-// partial as it arrives (CL = 16 partials held at once cost a register-bound
-// backward 2.7%: LayerNorm 512x131072 170.8 -> 175.5 us); MeanM2Eq's
-// pairwise tree needs them all.
+// group fetches them itself (lanes 0..CL-1, one rank each) and merges them
+// through shuffles (merge_lanes_in_order), so no barrier is needed.
 template <int CL, int ROWS, int TPR, typename Acc>
 __device__ __forceinline__ Acc grid_collect(unsigned long long* ex, int call, int group) {
   static_assert(TPR % 32 == 0 && CL <= 32, "a warp of the row group fetches every rank's partial");
   const int l = threadIdx.x & 31;
   Acc mine{};
   if (l < CL) mine = grid_poll<Acc>(grid_slot<CL, ROWS, Acc>(ex, call, group, l), static_cast<unsigned>(call) + 1u);
-  if constexpr (PairwiseMerge<Acc>::value) {
-    Acc part[CL];
-#pragma unroll
-    for (int k = 0; k < CL; ++k) part[k] = shfl_from(mine, k);
-    return merge_in_order<CL>(part);
-  } else {
-    Acc r = shfl_from(mine, 0);
-#pragma unroll
-    for (int k = 1; k < CL; ++k) r = merge(r, shfl_from(mine, k));
-    return r;
-  }
+  return merge_lanes_in_order<CL>(mine);
 }
 
 }  // namespace rtcnorm
