@@ -72,6 +72,7 @@ UNITY_GROUPS = {
         "ops/softmax_cpu.cpp",
         "ops/norm_cpu.cpp",
         "ops/norm_common.cpp",
+        "ops/grid_exchange_buffers.cpp",
     ],
 }
 

@@ -16,6 +16,7 @@
 #include "jit/disk_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
+#include "ops/grid_exchange_buffers.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan.h"
 #include "ops/softmax.h"
@@ -321,6 +322,11 @@ PYBIND11_MODULE(_C, m) {
       norm_tuning().*x->field = static_cast<int>(std::min(val, x->max));
     }
   });
+  // Tests only: the grid-exchange tag counter of the current stream of a device.
+  m.def("_grid_exchange_next_tag",
+        [](int device) { return next_grid_exchange_tag(device, jit::current_stream(device)); });
+  m.def("_advance_grid_exchange_tags",
+        [](int device, uint32_t next) { advance_grid_exchange_tags(device, jit::current_stream(device), next); });
   m.def("explain_softmax", &explain_softmax, py::arg("op"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
         py::arg("arch"), py::arg("mask_bcast") = false, py::arg("sm_count") = 132, py::arg("sq") = 0);
   m.def("_softmax_tuning", [] {

@@ -514,6 +514,89 @@ def test_forward_grid_groups_match_the_cluster_exchange(op, m, n, dtype, variant
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
+# Grid groups in both directions wherever rows are split into column slices.
+GROUP_SHAPES = {"rms_norm": [(300, 32768), (1029, 32768)], "layer_norm": [(1100, 65536), (37, 65536)]}
+
+
+def grid_groups(op):
+    slices = {"rms_norm": {"fwd_cluster": 4}, "layer_norm": {"fwd_cluster": 8, "bwd_cluster": 8}}[op]
+    return _tuning.override(fwd_grid_exchange=2, bwd_grid_exchange=2, bwd_defer_stats=2, **slices)
+
+
+def tags_after(base, spans):
+    """The stream's next tag base after leases of `spans` tags each
+    (ops/grid_exchange_buffers.cpp): a lease that would pass 2^32 - 1 starts a
+    fresh buffer at 0."""
+    for span in spans:
+        if base > 2**32 - 1 - span:
+            base = 0
+        base += span
+    return base
+
+
+@needs_clusters
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_grid_exchange_words_are_reused_without_zeroing(op, poison):
+    """Grid-group launches share one exchange buffer per stream and never zero
+    it: each launch polls for tags above every earlier launch's (the stream's
+    counter moves by its row blocks). Shapes of different row counts in turn,
+    then the counter run up to the 32-bit limit (the launch that would pass it
+    takes a fresh buffer at 0), give bitwise the first launch's outputs."""
+    dev = torch.cuda.current_device()
+    shapes = GROUP_SHAPES[op]
+    with grid_groups(op):
+        spans = []
+        for shape in shapes:
+            plan = rtcnorm.explain(op, shape, torch.bfloat16)
+            assert plan["grid_exchange"] and plan["backward"]["grid_exchange"], plan
+            spans.append((plan["row_blocks"], plan["backward"]["row_blocks"]))
+        inputs = [make(op, shape) for shape in shapes]
+        first = [run(op, t) for t in inputs]
+        for t, shape, got in zip(inputs, shapes, first):
+            check(op, got, ref(op, t), shape[0])
+        for headroom in (None, 5, 0, None):
+            if headroom is not None:
+                rtcnorm.jit._C._advance_grid_exchange_tags(dev, 2**32 - 1 - headroom)
+            for t, span, expected in zip(inputs, spans, first):
+                before = rtcnorm.jit._C._grid_exchange_next_tag(dev)
+                poison(4 * t["x"].numel() * t["x"].element_size())
+                got = run(op, t)
+                assert rtcnorm.jit._C._grid_exchange_next_tag(dev) == tags_after(before, span), (before, span)
+                for name in expected:
+                    assert torch.equal(got[name], expected[name]), (headroom, name)
+
+
+@needs_clusters
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_grid_groups_replay_from_a_graph(op):
+    """A grid-group launch captured into a CUDA graph gets a zeroed exchange
+    buffer of its own (the zeroing is captured too), since every replay repeats
+    the launch's tags: replays on fresh inputs, with eager grid-group launches
+    on the stream between them, match eager runs bitwise."""
+    shape = GROUP_SHAPES[op][0]
+    with grid_groups(op):
+        t = make(op, shape)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run(op, t)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = run(op, t)
+        for _ in range(3):
+            fresh = make(op, shape)
+            for k in ("x", "dy"):
+                t[k].copy_(fresh[k])
+            graph.replay()
+            eager = run(op, t)
+            torch.cuda.synchronize()
+            for name in eager:
+                assert torch.equal(outputs[name], eager[name]), name
+        check(op, outputs, ref(op, t), shape[0])
+
+
 @pytest.mark.parametrize(
     ("n", "dtype", "variant"),
     [(16384, torch.bfloat16, "weight"), (16384, torch.float16, "zero_centered"), (16384, torch.bfloat16, "mixed"),

@@ -185,6 +185,13 @@ CUstream current_stream(int device) {
   return static_cast<CUstream>(s.native_handle());
 }
 
+bool stream_is_capturing(int device, CUstream stream) {
+  make_current(slot(device).ctx);
+  int capture = kStreamCaptureStatusNone;
+  check_cu(driver().cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  return capture != kStreamCaptureStatusNone;
+}
+
 std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key) {
   bool compiled = false;
   return compiled_image_impl(key, &compiled);
@@ -202,10 +209,7 @@ const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream
   }
   g_stats.memory_misses++;
   const DriverApi& d = driver();
-  make_current(s.ctx);
-  int capture = kStreamCaptureStatusNone;
-  check_cu(d.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
-  TORCH_CHECK(capture == kStreamCaptureStatusNone, "rtcnorm: kernel ", key.describe(),
+  TORCH_CHECK(!stream_is_capturing(device, stream), "rtcnorm: kernel ", key.describe(),
               " is not loaded on cuda:", device,
               " and the current stream is being captured into a CUDA graph; compiling or loading a kernel during "
               "capture is not allowed. Warm up first: run the same op with the same shapes, dtypes and mode once "

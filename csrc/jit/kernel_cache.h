@@ -70,6 +70,9 @@ void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned bl
 // The current torch CUDA stream of `device`, as a driver handle.
 CUstream current_stream(int device);
 
+// Whether `stream` (of `device`) is capturing a CUDA graph.
+bool stream_is_capturing(int device, CUstream stream);
+
 struct JitStats {
   uint64_t memory_hits = 0;
   uint64_t memory_misses = 0;

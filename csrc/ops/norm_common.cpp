@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "jit/kernel_cache.h"
+#include "ops/grid_exchange_buffers.h"
 
 namespace rtcnorm {
 
@@ -193,15 +194,17 @@ static void check_grid_group_fits(const char* op, const jit::KernelKey& key, con
               "=1)");
 }
 
-// p.exchange of a kGridExchange launch (common/grid_exchange.cuh's layout):
-// kGridExchangeSlots slots per (CTA, row group), each of 2 tagged 8-byte
-// words for partials of up to two floats or 4 for three, zeroed (tag 0:
-// nothing published yet). Undefined for other launches.
-static at::Tensor grid_exchange_buffer(const jit::KernelKey& key, int64_t grid, int floats, const at::Tensor& like) {
-  if ((key.flags & kGridExchange) == 0) return at::Tensor();
+// p.exchange of a kGridExchange launch (kernels/common/grid_exchange.cuh's
+// layout): kGridExchangeSlots slots per (CTA, row group), each of 2 tagged
+// 8-byte words for partials of up to two floats or 4 for three, leased with a
+// tag range of the launch's own (ops/grid_exchange_buffers.h). An empty
+// lease for other launches.
+static GridExchangeLease grid_exchange_words(const jit::KernelKey& key, int64_t grid, int floats, int64_t row_blocks,
+                                             const at::Tensor& like, jit::CUstream stream) {
+  if ((key.flags & kGridExchange) == 0) return {};
   const int64_t words = floats <= 2 ? 2 : 4;
   const int64_t slots = int64_t{kGridExchangeSlots} * grid * key.rows_per_cta;
-  return at::zeros({slots * words * 2}, like.options().dtype(at::kInt));
+  return lease_grid_exchange(slots * words * 2, row_blocks, like, stream);
 }
 
 NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
@@ -285,8 +288,10 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   prm.row_blocks = plan.row_blocks;
   prm.eps = static_cast<float>(eps);
   const bool grid_exchange = (plan.key.flags & kGridExchange) != 0;
-  const at::Tensor exchange = grid_exchange_buffer(plan.key, grid, kind == kLayerNorm ? 3 : 1, input);
-  prm.exchange = grid_exchange ? reinterpret_cast<unsigned*>(exchange.data_ptr<int32_t>()) : nullptr;
+  const GridExchangeLease exchange =
+      grid_exchange_words(plan.key, grid, kind == kLayerNorm ? 3 : 1, plan.row_blocks, input, stream);
+  prm.exchange = exchange.words;
+  prm.exchange_base = exchange.tag_base;
   jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, false,
               grid_exchange);
   return out;
@@ -393,8 +398,9 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
     const jit::LoadedKernel& ck = jit::get_kernel(plan.coef_key, dev, stream, 0);
     jit::launch(ck, static_cast<unsigned>(d.rows), 1, static_cast<unsigned>(plan.coef_key.threads()), 1, stream, &prm);
   }
-  const at::Tensor exchange = grid_exchange_buffer(plan.key, grid, 2, input);
-  if (grid_exchange) prm.exchange = reinterpret_cast<unsigned*>(exchange.data_ptr<int32_t>());
+  const GridExchangeLease exchange = grid_exchange_words(plan.key, grid, 2, plan.row_blocks, input, stream);
+  prm.exchange = exchange.words;
+  prm.exchange_base = exchange.tag_base;
   // After the coefficient kernel, the column kernel may launch programmatically.
   jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
               static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split && plan.programmatic,

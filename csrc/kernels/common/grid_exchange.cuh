@@ -6,12 +6,15 @@
 // hold a slice (H100: 8 groups of 16 CTAs on 128 SMs, where only 7 clusters
 // of 16 fit its GPCs).
 //
-// Layout of p.exchange, for G = gridDim.x / CL groups (the host allocates
-// and zeroes it before the launch):
+// Layout of p.exchange, for G = gridDim.x / CL groups:
 //   slots: [G][3][ROWS][CL], by call % 3, each one partial as tagged 8-byte
-//   words {value, tag} with tag = call + 1, one word per float of the
-//   partial, padded to 2 words (Sum1, Sum2: 16 bytes) or 4 (three moments:
-//   32 bytes; grid_slot_words).
+//   words {value, tag} with tag = p.exchange_base + call + 1, one word per
+//   float of the partial, padded to 2 words (Sum1, Sum2: 16 bytes) or 4
+//   (three moments: 32 bytes; grid_slot_words).
+// - The buffer outlives the launch and is not zeroed between launches: the
+//   host gives each launch on it a tag range of its own (exchange_base + 1
+//   up to exchange_base + row_blocks, ops/grid_exchange_buffers.h), so a
+//   word an earlier launch left never carries a tag this one polls for.
 //
 // Invariants:
 // - Callers: the backward's deferred loop (collect k - 1, then publish k)
@@ -63,15 +66,21 @@ __device__ __forceinline__ unsigned long long tagged(float v, unsigned tag) {
   return static_cast<unsigned long long>(__float_as_uint(v)) | (static_cast<unsigned long long>(tag) << 32);
 }
 
+// The tag of `call` in a launch whose range starts past `base`.
+__device__ __forceinline__ unsigned call_tag(unsigned base, int call) {
+  return base + static_cast<unsigned>(call) + 1u;
+}
+
 // Publishes this CTA's partial of `call` for its row group: `v` must be the
 // same in every thread of the group (group_allreduce's result).
 template <int CL, int ROWS, typename Acc>
-__device__ __forceinline__ void grid_publish(Acc v, unsigned long long* ex, int rank, int call, int group, int lane) {
+__device__ __forceinline__ void grid_publish(Acc v, unsigned long long* ex, unsigned base, int rank, int call,
+                                             int group, int lane) {
   constexpr int kFloats = sizeof(Acc) / sizeof(float);
   static_assert(kFloats >= 1 && kFloats <= 3, "partials of one to three floats");
   if (lane != 0) return;
   unsigned long long* dst = grid_slot<CL, ROWS, Acc>(ex, call, group, rank);
-  const unsigned tag = static_cast<unsigned>(call) + 1u;
+  const unsigned tag = call_tag(base, call);
   const float* f = reinterpret_cast<const float*>(&v);
   if constexpr (kFloats == 1) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(dst), "l"(tagged(f[0], tag)) : "memory");
@@ -119,11 +128,11 @@ __device__ __forceinline__ Acc grid_poll(const unsigned long long* src, unsigned
 // group fetches them itself (lanes 0..CL-1, one rank each) and merges them
 // through shuffles (merge_lanes_in_order), so no barrier is needed.
 template <int CL, int ROWS, int TPR, typename Acc>
-__device__ __forceinline__ Acc grid_collect(unsigned long long* ex, int call, int group) {
+__device__ __forceinline__ Acc grid_collect(unsigned long long* ex, unsigned base, int call, int group) {
   static_assert(TPR % 32 == 0 && CL <= 32, "a warp of the row group fetches every rank's partial");
   const int l = threadIdx.x & 31;
   Acc mine{};
-  if (l < CL) mine = grid_poll<Acc>(grid_slot<CL, ROWS, Acc>(ex, call, group, l), static_cast<unsigned>(call) + 1u);
+  if (l < CL) mine = grid_poll<Acc>(grid_slot<CL, ROWS, Acc>(ex, call, group, l), call_tag(base, call));
   return merge_lanes_in_order<CL>(mine);
 }
 

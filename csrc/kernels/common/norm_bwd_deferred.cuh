@@ -78,13 +78,13 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   const long long col0 = 1LL * vbase * VEC;
   const auto publish = [&](Sum2 v, int call) {
     if constexpr (kGrid)
-      grid_publish<kCl, ROWS>(v, gex, rank, call, group, lane);
+      grid_publish<kCl, ROWS>(v, gex, p.exchange_base, rank, call, group, lane);
     else
       cluster_publish<kCl, ROWS, TPR>(v, cscratch, call, group, lane);
   };
   const auto collect = [&](int call) {
     if constexpr (kGrid)
-      return grid_collect<kCl, ROWS, TPR, Sum2>(gex, call, group);
+      return grid_collect<kCl, ROWS, TPR, Sum2>(gex, p.exchange_base, call, group);
     else
       return cluster_collect<kCl, ROWS>(Sum2{}, cscratch, call, group);
   };

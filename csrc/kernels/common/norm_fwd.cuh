@@ -357,8 +357,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       Red red = AccAs<Red>::from(acc);
       red = group_allreduce<TPR, ROWS>(red, scratch);
       if constexpr (kGrid) {
-        grid_publish<kCl, ROWS>(red, gex, rank, calls, group, lane);
-        red = grid_collect<kCl, ROWS, TPR, Red>(gex, calls++, group);
+        grid_publish<kCl, ROWS>(red, gex, p.exchange_base, rank, calls, group, lane);
+        red = grid_collect<kCl, ROWS, TPR, Red>(gex, p.exchange_base, calls++, group);
       } else {
         red = cluster_allreduce<kCl, ROWS, TPR>(red, cscratch, calls++, group, lane);
       }

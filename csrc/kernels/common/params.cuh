@@ -118,11 +118,11 @@ struct NormFwdParams {
   float* rstd;  // rows
   float* mean;  // rows, LayerNorm only (may be null)
   float eps;
-  int pad_;
+  unsigned exchange_base;  // kGridExchange: this launch's tags are exchange_base + 1 + call
   const void* residual;
   RowMap residual_map;
   void* h;             // contiguous rows x N, written when kResidual
-  unsigned* exchange;  // kGridExchange: tagged partials, zeroed by the host
+  unsigned* exchange;  // kGridExchange: tagged partials (ops/grid_exchange_buffers.h)
 };
 
 struct NormBwdParams {
@@ -144,8 +144,8 @@ struct NormBwdParams {
   float* row_coef;          // rows x 2 (c1, c2): the split backward's per-row coefficients
   long long rows_per_tile;  // split backward: rows per row tile (gridDim.y tiles)
   int col_vecs;             // kColumnGrads: vectors of columns a column CTA owns
-  int pad_;
-  unsigned* exchange;  // kGridExchange: tagged partials, zeroed by the host
+  unsigned exchange_base;   // kGridExchange: this launch's tags are exchange_base + 1 + call
+  unsigned* exchange;       // kGridExchange: tagged partials (ops/grid_exchange_buffers.h)
 };
 
 // Up to two (partial, out) pairs reduced by one launch; blockIdx.y picks one.
