@@ -51,7 +51,10 @@ GridExchangeLease lease_grid_exchange(int64_t words32, int64_t row_blocks, const
   const int device = like.get_device();
   const auto options = like.options().dtype(at::kInt);
   GridExchangeLease lease;
-  if (jit::stream_is_capturing(device, stream)) {
+  // The legacy default stream (handle 0) never captures: CUDA refuses to
+  // begin a capture on it, so the query (microseconds of host time a call)
+  // is needed only on other streams.
+  if (stream != nullptr && jit::stream_is_capturing(device, stream)) {
     lease.hold = at::zeros({words32}, options);
     lease.words = reinterpret_cast<unsigned*>(lease.hold.data_ptr<int32_t>());
     return lease;

@@ -371,9 +371,17 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   // The backward kernel writes dW / dB itself (that CTA, or the column CTAs):
   // no partial rows, no column reduce.
   const bool grads_in_kernel = direct || column_grads;
-  at::Tensor pw, pb, coef;
-  if (want_dw && !grads_in_kernel) pw = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
-  if (want_db && !grads_in_kernel) pb = at::empty({parts, d.hidden}, input.options().dtype(at::kFloat));
+  // dW's and dB's partial rows (parts x N floats each) share one allocation.
+  at::Tensor partials, coef;
+  float* pw = nullptr;
+  float* pb = nullptr;
+  const int64_t partial_sets = grads_in_kernel ? 0 : int64_t{want_dw} + int64_t{want_db};
+  if (partial_sets > 0) {
+    partials = at::empty({partial_sets * parts * d.hidden}, input.options().dtype(at::kFloat));
+    float* base = partials.data_ptr<float>();
+    if (want_dw) pw = base;
+    if (want_db) pb = base + (partial_sets - 1) * parts * d.hidden;
+  }
 
   NormBwdParams prm{};
   prm.dy = dy.data_ptr();
@@ -384,8 +392,8 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   prm.mean = mu.defined() ? mu.data_ptr<float>() : nullptr;
   prm.rstd = rs.data_ptr<float>();
   prm.dx = out.dx.data_ptr();
-  prm.partial_w = pw.defined() ? pw.data_ptr<float>() : nullptr;
-  prm.partial_b = pb.defined() ? pb.data_ptr<float>() : nullptr;
+  prm.partial_w = pw;
+  prm.partial_b = pb;
   prm.dw = grads_in_kernel && want_dw ? out.dw.data_ptr() : nullptr;
   prm.db = grads_in_kernel && want_db ? out.db.data_ptr() : nullptr;
   prm.rows = d.rows;
@@ -406,12 +414,12 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
               static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split && plan.programmatic,
               grid_exchange);
 
-  if ((want_dw || want_db) && !grads_in_kernel) {
+  if (partial_sets > 0) {
     ColumnReduceParams rp{};
     unsigned outputs = 0;
-    for (auto [partial, result] : {std::pair<at::Tensor*, at::Tensor*>{&pw, &out.dw}, {&pb, &out.db}}) {
-      if (!partial->defined()) continue;
-      rp.partial[outputs] = partial->data_ptr<float>();
+    for (auto [partial, result] : {std::pair<float*, at::Tensor*>{pw, &out.dw}, {pb, &out.db}}) {
+      if (partial == nullptr) continue;
+      rp.partial[outputs] = partial;
       rp.out[outputs] = result->data_ptr();
       ++outputs;
     }
