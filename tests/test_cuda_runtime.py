@@ -81,9 +81,8 @@ def test_capturing_a_never_loaded_kernel_asks_for_warm_up(op):
     assert "CUDA graph" in str(info.value)
 
 
-@pytest.mark.parametrize("op", NORM_OPS)
-def test_graph_replays_after_warm_up(op):
-    t = make(op, (1000, 5120))
+def capture_run(op, t):
+    """run(op, t) warmed up on a side stream, then captured: (graph, its outputs)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -93,10 +92,22 @@ def test_graph_replays_after_warm_up(op):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outputs = run(op, t)
+    return graph, outputs
+
+
+def refill(op, t):
+    """Fresh random x and dy copied into t's tensors (a captured graph reads them)."""
+    fresh = make(op, tuple(t["x"].shape))
+    for k in ("x", "dy"):
+        t[k].copy_(fresh[k])
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_graph_replays_after_warm_up(op):
+    t = make(op, (1000, 5120))
+    graph, outputs = capture_run(op, t)
     for _ in range(2):
-        fresh = make(op, (1000, 5120))
-        for k in ("x", "dy"):
-            t[k].copy_(fresh[k])
+        refill(op, t)
         graph.replay()
         torch.cuda.synchronize()
         check(op, outputs, ref(op, t), 1000)
@@ -576,19 +587,9 @@ def test_grid_groups_replay_from_a_graph(op):
     shape = GROUP_SHAPES[op][0]
     with grid_groups(op):
         t = make(op, shape)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run(op, t)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = run(op, t)
+        graph, outputs = capture_run(op, t)
         for _ in range(3):
-            fresh = make(op, shape)
-            for k in ("x", "dy"):
-                t[k].copy_(fresh[k])
+            refill(op, t)
             graph.replay()
             eager = run(op, t)
             torch.cuda.synchronize()
