@@ -141,14 +141,7 @@ def test_programmatic_launches_change_no_bit(op, shape, poison):
             assert rtcnorm.explain(op, shape, t["x"].dtype)["backward"]["programmatic_launch"] == (v == 2)
             poison(4 * t["x"].numel() * t["x"].element_size())
             results[v] = run(op, t)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                run(op, t)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                replayed = run(op, t)
+            graph, replayed = capture_run(op, t)
             poison(4 * t["x"].numel() * t["x"].element_size())
             graph.replay()
             torch.cuda.synchronize()

@@ -107,8 +107,8 @@ int64_t bwd_max_units(const NormBwdPlan& plan, int sm_count, std::string* why = 
 inline int column_slices(unsigned flags) {
   return (flags & kCluster16) != 0 ? 16 : 1 << ((flags & kClusterBits) >> kClusterShift);
 }
-// CTAs of a backward launch's grid group (kGridExchange: a row's slices), 1
-// for any other plan: the norm_grid argument.
+// CTAs of a launch's grid group (kGridExchange: a row's slices, forward or
+// backward), 1 for any other plan: the norm_grid argument.
 inline int grid_group_ctas(const jit::KernelKey& k) {
   return (k.flags & kGridExchange) != 0 ? column_slices(k.flags) : 1;
 }
