@@ -86,6 +86,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_column_grads", &NormTuning::bwd_column_grads, 2},
     {"bwd_grid_exchange", &NormTuning::bwd_grid_exchange, 2},
     {"fwd_grid_exchange", &NormTuning::fwd_grid_exchange, 2},
+    {"fwd_prefetch_ahead", &NormTuning::fwd_prefetch_ahead, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.

@@ -10,7 +10,8 @@ import pytest
 import torch
 from reference import assert_close, ref_layer_norm, ref_rms_norm, rows_of, stat_dtype
 
-# kPrefetchNext in a kernel key's flags (csrc/kernels/common/params.cuh).
+# kStreamStore and kPrefetchNext in a kernel key's flags (csrc/kernels/common/params.cuh).
+STREAM_STORE = 1 << 10
 PREFETCH_NEXT = 1 << 11
 
 

@@ -9,7 +9,7 @@ import pytest
 import rtcnorm
 import torch
 import torch.autograd.forward_ad as fwad
-from norm_checks import PREFETCH_NEXT, column_cluster, kernel_flags, randn
+from norm_checks import PREFETCH_NEXT, STREAM_STORE, column_cluster, kernel_flags, randn
 from reference import assert_close
 from rtcnorm import _tuning
 
@@ -217,6 +217,51 @@ def test_explain_forward_grid_group_rule(op, shape, dtype, groups):
         assert on["grid_exchange"] and on["column_slices"] == slices and on["persistent"]
         reload = rtcnorm.explain(op, shape, dtype, mode="multi_wave_reload", device="cpu", arch="sm_90")
         assert not reload["grid_exchange"] and reload["column_slices"] == 1
+
+
+AHEAD = "prefetches into L2 the row a device-full of CTAs ahead"
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "extra", "ahead"),
+    [
+        ("layer_norm", (2048, 32768), torch.bfloat16, {}, True),  # one 512-thread CTA an SM, 16 waves
+        ("layer_norm", (200, 32768), torch.float16, {}, True),  # 1.5 waves
+        ("layer_norm", (4096, 20480), torch.bfloat16, {}, True),  # 320 threads: was persistent
+        ("layer_norm", (1024, 28672), torch.bfloat16, {}, True),
+        ("layer_norm", (2048, 32768), torch.bfloat16, {"weight_dtype": torch.float32}, True),
+        ("layer_norm", (132, 32768), torch.bfloat16, {}, False),  # one wave: nothing ahead
+        ("layer_norm", (2048, 32768), torch.bfloat16, {"bias": False}, False),  # not one CTA an SM
+        ("layer_norm", (2048, 32768), torch.bfloat16, {"residual": True}, False),
+        ("layer_norm", (4096, 16384), torch.bfloat16, {}, False),  # 256-thread CTAs, four an SM
+        ("layer_norm", (4096, 16384), torch.float32, {}, False),  # float32 rows: override 2 only
+        ("rms_norm", (1024, 65536), torch.bfloat16, {}, False),
+    ],
+)
+def test_explain_forward_prefetch_ahead_rule(op, shape, dtype, extra, ahead):
+    """Multi-wave grids of one 16-bit LayerNorm row a CTA at one CTA an SM
+    prefetch into L2 the row a device-full of CTAs ahead and store evict-first
+    (entry 62), on any arch; rows of 257-511 threads take that grid rather
+    than a persistent one. Override 1 turns it off (and those rows persistent
+    again); override 2 adds float32 rows; a persistent mode never takes it."""
+    plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90", sm_count=132, **extra)
+    assert (AHEAD in plan["reason"]) == ahead, plan["reason"]
+    if ahead:
+        assert plan["mode"] == "multi_wave_cached" and not plan["persistent"] and plan["cached_row"]
+        assert plan["block"] > 256 and plan["grid"] == plan["row_blocks"] == shape[0]
+        flags = kernel_flags(plan["kernel"])
+        assert flags & PREFETCH_NEXT and flags & STREAM_STORE
+        assert AHEAD in rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_100", **extra)["reason"]
+        with _tuning.override(fwd_prefetch_ahead=1):
+            off = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90", sm_count=132, **extra)
+            assert AHEAD not in off["reason"]
+            assert off["persistent"] == (plan["block"] < 512)  # low residency: persistent again
+        persistent = rtcnorm.explain(op, shape, dtype, mode="static_persistent", device="cpu", arch="sm_90", **extra)
+        assert AHEAD not in persistent["reason"] and persistent["persistent"]
+    if dtype == torch.float32:
+        with _tuning.override(fwd_prefetch_ahead=2):
+            on = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90", sm_count=132, **extra)
+            assert AHEAD in on["reason"] and not on["persistent"]
 
 
 @pytest.mark.parametrize("n", [128, 4096, 262144])

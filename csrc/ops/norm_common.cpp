@@ -167,7 +167,7 @@ at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, l
 
 // The kernels read x, its row map and the row counts before their first load;
 // params.cuh keeps them at the head of each block.
-static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 144, "NormFwdParams layout");
+static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 152, "NormFwdParams layout");
 static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 160, "NormBwdParams layout");
 
 int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units,
@@ -292,6 +292,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
       grid_exchange_words(plan.key, grid, kind == kLayerNorm ? 3 : 1, plan.row_blocks, input, stream);
   prm.exchange = exchange.words;
   prm.exchange_base = exchange.tag_base;
+  if (plan.prefetch_ahead) prm.prefetch_ahead = int64_t{info.sm_count} * std::max(1, k.blocks_per_sm);
   jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, false,
               grid_exchange);
   return out;

@@ -296,6 +296,8 @@ static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool
 // explain() text of the forward's grid (with_fwd_grid_exchange rewrites it).
 constexpr const char* kPersistentGridWhy = "; grid = SMs x occupancy";
 constexpr const char* kMultiWaveGridWhy = "; grid = one CTA per row block";
+constexpr const char* kPrefetchAheadWhy =
+    "; each CTA prefetches into L2 the row a device-full of CTAs ahead and stores evict-first";
 
 // The plan for one CTA (or row group) per row; plan_norm_fwd may split the
 // row across a cluster of such CTAs instead.
@@ -399,6 +401,23 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // (2469 -> 2667 GB/s); RMSNorm's lighter rows still reach 99% of copy
   // there, ahead of persistent CTAs (2916 vs 2812).
   const bool low_residency = p.kind == kLayerNorm && !small_grid && reg_min_blocks * tpr * rows < 512;
+  // A multi-wave grid of one CTA an SM (wide_ln_row's launch bounds), each
+  // holding a 16-bit LayerNorm row in registers, keeps a single row's reads
+  // in flight an SM, and none while the CTA reduces and writes it. Each CTA
+  // therefore prefetches into L2 the row block a device-full of CTAs ahead
+  // (the one the CTA that next takes its SM will load) and stores
+  // evict-first. This replaces low_residency's persistent grid for rows of
+  // 257-511 threads. H100 kernel-only, L2 flushed, us (benchmarks/NOTES.md
+  // entry 62): bf16 512 / 1024 / 2048 / 4096 / 8192 x 32768 31.1 -> 26.8,
+  // 52.8 -> 48.2, 97.6 -> 93.1, 187.9 -> 184.4, 472.0 -> 409.3; fp16
+  // 2048x32768 97.9 -> 93.1; bf16 2048x24576 81.6 (persistent) -> 71.7,
+  // 4096x20480 131.5 -> 118.0. float32 rows land either way (1024 / 2048 /
+  // 4096 / 8192 x 16384: 50.0 -> 49.8, 94.3 -> 96.1, 184.9 -> 187.8, 424.5 ->
+  // 366.7), two device-fulls ahead lost 30% (bf16 2048x32768: 126.8), and
+  // RMSNorm's 1024-thread rows lost 10-30% (2048x65536 183.9 -> 238.6), so
+  // the rule keeps to 16-bit LayerNorm rows.
+  const bool ahead_rule = t.fwd_prefetch_ahead != 1 && wide_ln_row(p, tpr * rows, thread_bytes) && !small_grid &&
+                          reg_min_blocks == 1 && reg_can && !smem_fits && (esize == 2 || t.fwd_prefetch_ahead == 2);
 
   // Narrow rows run persistent up to kNarrowPersistentBlocksPerSm row blocks
   // per SM at the base vectors per thread; a CTA of fuller threads counts as
@@ -429,7 +448,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
       mode = NormMode::kMultiWaveCached;
       why << "row of " << row_bytes / 1024 << " KB kept in shared memory: read x once, one chunk of "
           << std::min(nv_row, smem_vecs) * vec << " elements per thread in registers at a time";
-    } else if (low_residency) {
+    } else if (low_residency && !ahead_rule) {
       mode = NormMode::kStaticPersistent;
       why << "row fits in registers (" << nv_row * vec << " elements per thread) but launch bounds guarantee only "
           << reg_min_blocks * tpr * rows << " threads per SM: persistent CTAs prefetch their next row into L2";
@@ -452,6 +471,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   plan.cached = fits && mode != NormMode::kMultiWaveReload;
   const bool in_smem = plan.cached && smem_fits;
   const bool in_regs = plan.cached && !smem_fits;
+  plan.prefetch_ahead = ahead_rule && in_regs && !plan.persistent;
   plan.smem = in_smem ? static_cast<size_t>(rows * row_bytes) : 0;
   const int nv = in_regs ? nv_row : std::min(nv_row, smem_fits ? smem_vecs : kFwdVecsTarget);
   const int wtensors = int(p.has_weight) + int(p.has_bias);
@@ -465,7 +485,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
             (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
             (keep ? kKeepGamma : 0u) |
-            hint_bits(t.fwd_hints, p.hidden >= 32768 && !in_smem, plan.persistent && in_regs) |
+            hint_bits(t.fwd_hints, (p.hidden >= 32768 && !in_smem) || plan.prefetch_ahead,
+                      (plan.persistent && in_regs) || plan.prefetch_ahead) |
             affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
                               !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes));
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
@@ -481,7 +502,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << (in_smem ? "; shared memory " + std::to_string(plan.smem) + " bytes" : std::string())
-      << (plan.persistent ? kPersistentGridWhy : kMultiWaveGridWhy) << (keep ? "; gamma kept in registers" : "");
+      << (plan.persistent ? kPersistentGridWhy : kMultiWaveGridWhy) << (keep ? "; gamma kept in registers" : "")
+      << (plan.prefetch_ahead ? kPrefetchAheadWhy : "");
   why.finish();
   return plan;
 }

@@ -46,6 +46,9 @@ struct NormFwdPlan {
   bool cached = false;  // x is read once: kept in registers, or in shared memory (smem > 0)
   int64_t row_blocks = 0;
   size_t smem = 0;  // dynamic shared memory: the CTA's rows when cached there
+  // A multi-wave grid whose CTAs prefetch (kPrefetchNext) the row block a
+  // device-full of CTAs ahead (NormFwdParams::prefetch_ahead, set at launch).
+  bool prefetch_ahead = false;
   std::string reason;
 };
 

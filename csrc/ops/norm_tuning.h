@@ -104,6 +104,10 @@ struct NormTuning {
   // statistics meet through global memory (kGridExchange), wherever the
   // mode allows a persistent grid.
   int fwd_grid_exchange = 0;
+  // Forward, multi-wave grids of one register-cached LayerNorm row a CTA and
+  // one CTA an SM: 1 = no L2 prefetch a device-full of CTAs ahead, 2 = the
+  // prefetch for float32 rows too (the rule: 16-bit rows).
+  int fwd_prefetch_ahead = 0;
 };
 
 NormTuning& norm_tuning();

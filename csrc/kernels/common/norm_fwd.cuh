@@ -321,7 +321,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         if (c == 0 && row_ok) prefetch_affine<W, VEC, TPR, NV, kVecs, FLAGS>(p, col0, lane);
       }
       if constexpr (kNext) {
-        const long long next = (rb + clusters) * ROWS + group;
+        const long long next = (rb + (p.prefetch_ahead > 0 ? p.prefetch_ahead : clusters)) * ROWS + group;
         if (next < p.rows) {
           prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next) + col0, lane);
           if constexpr (kRes) prefetch_row<T, VEC, TPR, NV, kVecs>(res, row_offset(p.residual_map, next) + col0, lane);
