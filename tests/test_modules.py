@@ -264,6 +264,33 @@ def test_explain_forward_prefetch_ahead_rule(op, shape, dtype, extra, ahead):
             assert AHEAD in on["reason"] and not on["persistent"]
 
 
+@pytest.mark.parametrize(
+    ("shape", "dtype", "two_pass"),
+    [
+        ((8192, 32768), torch.bfloat16, True),  # one 512-thread CTA an SM, 62 rows an SM
+        ((16384, 12288), torch.bfloat16, True),  # 192-thread CTAs
+        ((16384, 16384), torch.bfloat16, True),
+        ((8192, 16384), torch.float32, True),
+        ((4096, 8192), torch.bfloat16, True),  # 31 rows an SM
+        ((16384, 8192), torch.bfloat16, False),  # 128-thread CTAs, 124 rows an SM
+        ((16384, 5120), torch.bfloat16, False),
+    ],
+)
+def test_explain_layer_norm_two_pass_rule(shape, dtype, two_pass):
+    """A LayerNorm row one CTA caches in registers takes its statistics in two
+    passes, except rows of three or four warps in CTAs of at most 128 threads
+    in grids of more than 32 row blocks an SM, which merge (count, mean, M2)
+    triples (entries 26 and 63); the override forces either."""
+    plan = rtcnorm.explain("layer_norm", shape, dtype, device="cpu", arch="sm_90", sm_count=132)
+    assert plan["cached_row"] and plan["column_slices"] == 1 and plan["smem"] == 0, plan
+    assert ("two passes" in plan["reason"]) == two_pass, plan["reason"]
+    assert two_pass or plan["block"] <= 128
+    for forced in (1, 2):
+        with _tuning.override(fwd_two_pass=forced):
+            plan = rtcnorm.explain("layer_norm", shape, dtype, device="cpu", arch="sm_90", sm_count=132)
+            assert ("two passes" in plan["reason"]) == (forced == 2)
+
+
 @pytest.mark.parametrize("n", [128, 4096, 262144])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_explain_without_a_gpu(op, n):

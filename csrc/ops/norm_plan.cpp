@@ -890,18 +890,25 @@ static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool expla
 // bf16: 4096x512 6.39 -> 4.98 us, 4096x4096 27.8 -> 26.1, 32x8192 4.80 ->
 // 3.91 (benchmarks/NOTES.md entry 26). Rows of more than two warps each pay
 // a second round of CTA barriers; in grids of more than 32 row blocks per SM
-// that cost 1.2-1.5% (16384x5120, 16384x7168), so those keep the merge, as
-// do rows in shared memory, streamed rows and cluster slices (whose CTAs
-// merge their slices' triples through the cluster).
+// that cost 1.2-1.5% in 128-thread CTAs, seven or eight an SM (16384x5120,
+// 16384x7168; 0.4-0.6% in entry 63), so those keep the merge, as do rows in
+// shared memory, streamed rows and cluster slices (whose CTAs merge their
+// slices' triples through the cluster). Larger CTAs, fewer an SM, have no
+// other CTA to cover the merges' divisions and take two passes in any grid
+// (entry 63, us: bf16 8192x32768 at one 512-thread CTA an SM 412.2 -> 365.8,
+// 8192x24576 333.7 -> 268.3, float32 8192x16384 428.2 -> 359.5; 256-thread
+// CTAs 16384x16384 361.3 -> 359.1, 8192x16384 182.8 -> 180.9).
 constexpr int kTwoPassMaxWarpsPerRow = 2;
 constexpr int64_t kTwoPassWideRowBlocksPerSm = 32;
+constexpr int kTwoPassMergeMaxCtaThreads = 128;
 
 static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
   const int forced = norm_tuning().fwd_two_pass;
   const bool one_cta_register_row = (plan.key.flags & kCachedRow) != 0 && plan.key.cluster == 1;
   if (p.kind != kLayerNorm || !one_cta_register_row || forced == 1) return plan;
-  const bool barrier_bound =
-      plan.key.threads_per_row > 32 * kTwoPassMaxWarpsPerRow && plan.row_blocks > kTwoPassWideRowBlocksPerSm * sm_count;
+  const bool barrier_bound = plan.key.threads_per_row > 32 * kTwoPassMaxWarpsPerRow &&
+                             plan.key.threads() <= kTwoPassMergeMaxCtaThreads &&
+                             plan.row_blocks > kTwoPassWideRowBlocksPerSm * sm_count;
   if (forced == 0 && barrier_bound) return plan;
   plan.key.flags |= kTwoPassStats;
   if (explain) plan.reason += "; statistics in two passes over the cached row (mean, then squared deviations)";
