@@ -415,9 +415,10 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // 4096 / 8192 x 16384: 50.0 -> 49.8, 94.3 -> 96.1, 184.9 -> 187.8, 424.5 ->
   // 366.7), two device-fulls ahead lost 30% (bf16 2048x32768: 126.8), and
   // RMSNorm's 1024-thread rows lost 10-30% (2048x65536 183.9 -> 238.6), so
-  // the rule keeps to 16-bit LayerNorm rows.
+  // the rule keeps to 16-bit LayerNorm rows. (Read only for a row cached in
+  // registers: the mode choice below and plan.prefetch_ahead both imply it.)
   const bool ahead_rule = t.fwd_prefetch_ahead != 1 && wide_ln_row(p, tpr * rows, thread_bytes) && !small_grid &&
-                          reg_min_blocks == 1 && reg_can && !smem_fits && (esize == 2 || t.fwd_prefetch_ahead == 2);
+                          reg_min_blocks == 1 && (esize == 2 || t.fwd_prefetch_ahead == 2);
 
   // Narrow rows run persistent up to kNarrowPersistentBlocksPerSm row blocks
   // per SM at the base vectors per thread; a CTA of fuller threads counts as
