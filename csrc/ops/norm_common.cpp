@@ -202,7 +202,7 @@ static void check_grid_group_fits(const char* op, const jit::KernelKey& key, con
 static GridExchangeLease grid_exchange_words(const jit::KernelKey& key, int64_t grid, int floats, int64_t row_blocks,
                                              const at::Tensor& like, jit::CUstream stream) {
   if ((key.flags & kGridExchange) == 0) return {};
-  const int64_t words = floats <= 2 ? 2 : 4;
+  const int64_t words = grid_slot_words_for(floats);
   const int64_t slots = int64_t{kGridExchangeSlots} * grid * key.rows_per_cta;
   return lease_grid_exchange(slots * words * 2, row_blocks, like, stream);
 }

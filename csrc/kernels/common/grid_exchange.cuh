@@ -43,12 +43,11 @@
 
 namespace rtcnorm {
 
-// Tagged 8-byte words one partial of type Acc occupies in a slot: one per
-// float, padded to 2 or 4 so that every slot starts 16-byte aligned (Sum1 and
-// Sum2: 16 bytes, the three moments of LayerNorm: 32).
+// Tagged 8-byte words one partial of type Acc occupies in a slot (the host
+// sizes the buffer by the same grid_slot_words_for).
 template <typename Acc>
 __device__ constexpr int grid_slot_words() {
-  return sizeof(Acc) <= 2 * sizeof(float) ? 2 : 4;
+  return grid_slot_words_for(static_cast<int>(sizeof(Acc) / sizeof(float)));
 }
 
 // This group's slots: [3][ROWS][CL] slots of grid_slot_words<Acc>() words.

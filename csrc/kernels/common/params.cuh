@@ -4,8 +4,15 @@
 // - Plain structs of fixed-width members only (pointers, long long, int,
 //   float), so the host and device layouts agree; the host static_asserts the
 //   sizes. Each kernel takes its block by value as its only parameter.
-// - Nothing here is device code, so the host C++ build includes this file too.
+// - Nothing here is device-only code, so the host C++ build includes this file
+//   too; the one function is constexpr and marked for both sides under NVRTC.
 #pragma once
+
+#if defined(__CUDACC_RTC__)
+#define RTCNORM_HOST_DEVICE __host__ __device__
+#else
+#define RTCNORM_HOST_DEVICE
+#endif
 
 namespace rtcnorm {
 
@@ -98,6 +105,10 @@ constexpr int kClusterShift = 14;
 // kGridExchange: partials are kept by call modulo this many slots
 // (common/grid_exchange.cuh gives the layout and why three).
 constexpr int kGridExchangeSlots = 3;
+// kGridExchange: tagged 8-byte words a slot holds for a partial of `floats`
+// floats: one per float, padded to 2 or 4 so that every slot starts 16-byte
+// aligned (Sum1 and Sum2: 16 bytes, the three moments of LayerNorm: 32).
+constexpr RTCNORM_HOST_DEVICE int grid_slot_words_for(int floats) { return floats <= 2 ? 2 : 4; }
 constexpr int kRingExtraShift = 19;
 constexpr int kRowClusterShift = 26;
 
