@@ -87,6 +87,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_grid_exchange", &NormTuning::bwd_grid_exchange, 2},
     {"fwd_grid_exchange", &NormTuning::fwd_grid_exchange, 2},
     {"fwd_prefetch_ahead", &NormTuning::fwd_prefetch_ahead, 2},
+    {"bwd_staged_slices", &NormTuning::bwd_staged_slices, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.

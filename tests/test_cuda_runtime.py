@@ -393,6 +393,12 @@ def test_layer_norm_deferred_slices_two_ctas_an_sm(m, n, dtype, variant, cluster
     the reference; a grid of one row block writes the gradients itself."""
     if torch.cuda.get_device_capability() != (9, 0):
         cluster = 8
+    # (2048+ rows of 12288 and 16384 take slices of 8192 on sm_90, entry 64: the pair plan here.)
+    with _tuning.override(bwd_staged_slices=1):
+        pair_plan_slices(m, n, dtype, variant, cluster, poison)
+
+
+def pair_plan_slices(m, n, dtype, variant, cluster, poison):
     x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=0.0 if variant == "mixed" else 100.0)
     dy = torch.randn_like(x)
     plan = rtcnorm.explain("layer_norm", (m, n), dtype, weight_dtype=w.dtype, zero_centered_gamma=zcg)["backward"]
@@ -455,6 +461,54 @@ def test_grid_group_slices_match_the_cluster_exchange(op, m, n, dtype, cluster, 
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
     assert torch.equal(got["dx"], cluster_run["dx"])
     check(op, got, ref(op, t), m)
+
+
+@needs_clusters
+@pytest.mark.parametrize(
+    ("op", "m", "n", "dtype", "variant", "slices"),
+    [("rms_norm", 1100, 12288, torch.bfloat16, "weight", 4), ("rms_norm", 1030, 14336, torch.bfloat16, "mixed", 8),
+     ("rms_norm", 300, 16384, torch.float16, "zero_centered", 2), ("rms_norm", 129, 9216, torch.bfloat16, "no_weight", 2),
+     ("rms_norm", 2 * 132 + 5, 10240, torch.bfloat16, "weight", 2), ("rms_norm", 4097, 13312, torch.float16, "weight", 2),
+     ("layer_norm", 2100, 16384, torch.bfloat16, "weight_bias", 2), ("layer_norm", 2050, 12288, torch.float16,
+     "zero_centered", 4), ("layer_norm", 2048, 11264, torch.bfloat16, "weight_bias", 2),
+     ("layer_norm", 1030, 14336, torch.bfloat16, "weight", 8)],
+)  # fmt: skip
+def test_staged_width_rows_as_deferred_slices(op, m, n, dtype, variant, slices, poison):
+    """16-bit rows of 8193-16384 elements split into column slices (entry 64,
+    the sm_90 rule; forced elsewhere): RMSNorm rows one CTA would stage, and
+    LayerNorm's dW and dB where the pair plan would defer (11264 and 13312:
+    slices of 16 elements a thread that keep their terms and meet at every row
+    block, not deferred). Uneven vectors (14336 on 8 CTAs), tail
+    row blocks past M, grids of fewer row blocks than groups, float16, float32
+    weights, zero-centred gamma and no weight: dx, dW and dB repeat bitwise and
+    match the reference contiguous and strided, as the previous plan's do."""
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    over = {} if sm90 else {"bwd_staged_slices": 2}
+    wdt = torch.float32 if variant == "mixed" else None
+    kw = dict(
+        weight_dtype=wdt, elementwise_affine=variant != "no_weight", zero_centered_gamma=variant == "zero_centered"
+    )
+    if op == "layer_norm":
+        kw["bias"] = variant in ("weight_bias", "zero_centered")
+    with _tuning.override(**over):
+        plan = rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]
+        assert plan["column_slices"] > 1 and plan["staged"] and plan["cached_row"], plan
+        if sm90:
+            assert plan["column_slices"] == slices, plan
+            assert plan["deferred_stats"] == (n not in (11264, 13312)) and plan["block"] > 256, plan
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+        if variant in ("weight", "weight_bias"):
+            t = make(op, (m, n), dtype)
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            got = run(op, t)
+            for _ in range(2):
+                again = run(op, t)
+                for key in again:
+                    assert torch.equal(again[key], got[key]), key
+            check(op, got, ref(op, t), m)
+    with _tuning.override(bwd_staged_slices=1):
+        assert rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]["kernel"] != plan["kernel"] or op == "layer_norm"
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
 def forward_outputs(op, x, w, b, zcg, r):
@@ -604,6 +658,12 @@ def test_rms_norm_backward_deep_ring_and_two_per_sm_prefetch(n, dtype, variant, 
     reference; grids of one or two row blocks a CTA keep the two-stage ring and
     no prefetch."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # (sm_90 splits such rows into deferred slices, entry 64: one CTA a row here.)
+    with _tuning.override(bwd_staged_slices=1):
+        deep_ring_rows(n, dtype, variant, sms, poison)
+
+
+def deep_ring_rows(n, dtype, variant, sms, poison):
     for m in (6 * sms + 7, sms // 2 + 1):
         plan = rtcnorm.explain("rms_norm", (m, n), dtype, weight_dtype=torch.float32 if variant == "mixed" else None)
         bwd = plan["backward"]

@@ -127,7 +127,8 @@ def test_rms_norm_module_with_residual_returns_the_sum():
         ("rms_norm", (2048, 32768), torch.bfloat16, 1, 4),  # 16-bit, one gradient: deferred slices of 8192
         ("layer_norm", (2048, 32768), torch.bfloat16, 1, 4),  # two gradients, many rows: deferred slices of 8192
         ("layer_norm", (256, 32768), torch.bfloat16, 1, 8),  # few rows: slices of 4096 that meet
-        ("layer_norm", (4096, 16384), torch.bfloat16, 1, 16),  # deferred slices of 1024 (sm_90)
+        ("layer_norm", (2047, 16384), torch.bfloat16, 1, 16),  # deferred slices of 1024 (sm_90)
+        ("layer_norm", (4096, 16384), torch.bfloat16, 1, 2),  # 2048+ rows: deferred slices of 8192 (entry 64)
         ("layer_norm", (4096, 12288), torch.bfloat16, 1, 4),  # many rows short of 16384: slices of 3072
         ("layer_norm", (1024, 65536), torch.bfloat16, 8, 8),  # forward: at most 8 rows an SM, 8 slices
         ("layer_norm", (2048, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
@@ -562,12 +563,14 @@ def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stage
     """NOTES entry 46: a one-row CTA whose two-stage ring keeps any second CTA
     off its SM stages through three; one-row 16-bit RMSNorm CTAs two per SM
     with kept terms prefetch their next row; both only in grids of more than
-    4 row blocks per SM. Overrides still decide."""
+    4 row blocks per SM. Overrides still decide. (sm_90 splits 16-bit rows of
+    16384 into column slices, entry 64: one CTA a row here.)"""
     kw = dict(device="cpu", sm_count=132, arch=arch)
-    plan = rtcnorm.explain(op, shape, BF16, **kw)["backward"]
-    assert plan["ring_stages"] == stages and plan["staged"] == (stages > 0), plan
-    assert bool(kernel_flags(plan["kernel"]) & PREFETCH_NEXT) == prefetch, plan
-    with _tuning.override(bwd_ring_stages=2, bwd_hints=1):
+    with _tuning.override(bwd_staged_slices=1):
+        plan = rtcnorm.explain(op, shape, BF16, **kw)["backward"]
+        assert plan["ring_stages"] == stages and plan["staged"] == (stages > 0), plan
+        assert bool(kernel_flags(plan["kernel"]) & PREFETCH_NEXT) == prefetch, plan
+    with _tuning.override(bwd_staged_slices=1, bwd_ring_stages=2, bwd_hints=1):
         forced = rtcnorm.explain(op, shape, BF16, **kw)["backward"]
         assert forced["ring_stages"] == (2 if stages else 0) and not kernel_flags(forced["kernel"]) & PREFETCH_NEXT
 
@@ -605,12 +608,12 @@ GRID_EXCHANGE = 1 << 31  # deferred slices as groups of a cooperative launch (en
      ("layer_norm", (1023, 65536), {}, "sm_90", 8, False),
      ("layer_norm", (2048, 32768), {"bias": False}, "sm_90", 4, True),  # dW alone
      ("layer_norm", (512, 131072), {}, "sm_90", 16, True),  # both, past 65536 elements
-     ("layer_norm", (4096, 16384), {}, "sm_90", 16, True),  # both, up to 16384: 256-thread CTAs, 16 a row
+     ("layer_norm", (2047, 16384), {}, "sm_90", 16, True),  # both, up to 16384: 256-thread CTAs, 16 a row
      ("layer_norm", (4096, 16384), {}, "sm_100", 8, True),  # (slices of 2048 where 8 is the largest cluster)
      ("layer_norm", (64, 12288), {}, "sm_100", 8, True),  # (slices of 1536)
      ("layer_norm", (64, 12288), {}, "sm_90", 16, True),
      ("layer_norm", (512, 9216), {}, "sm_90", 16, True),
-     ("layer_norm", (2048, 12288), {}, "sm_90", 4, True),  # many rows short of 16384: 4 a row
+     ("layer_norm", (2048, 15360), {}, "sm_90", 4, True),  # many rows short of 16384: 4 a row
      ("layer_norm", (2048, 9216), {}, "sm_90", 4, True),
      ("layer_norm", (2047, 12288), {}, "sm_90", 16, True),
      ("layer_norm", (4096, 16384), {"residual": True}, "sm_90", 4, False),
@@ -657,6 +660,69 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
         assert forced["deferred_stats"] == ("residual" not in kw), forced
     fp32 = rtcnorm.explain(op, shape, torch.float32, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
     assert not fp32["deferred_stats"], fp32
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "kw", "arch", "slices", "block"),
+    [("rms_norm", (4096, 9216), {}, "sm_90", 2, 384),  # 2 rows of 192 threads beside one CTA of 288
+     ("rms_norm", (4096, 12288), {}, "sm_90", 4, 480),  # 5 rows of 96 fill more than 2 of 192 (the fill rule)
+     ("rms_norm", (4096, 14336), {}, "sm_90", 8, 512),  # 8 rows of 64: four times the CTAs fill more
+     ("rms_norm", (4096, 16384), {}, "sm_90", 2, 512),
+     ("rms_norm", (128, 16384), {}, "sm_90", 2, 512),
+     ("rms_norm", (4096, 12288), {"elementwise_affine": False}, "sm_90", 4, 480),
+     ("rms_norm", (4096, 12288), {"weight_dtype": torch.float32}, "sm_90", 4, 480),
+     ("rms_norm", (4096, 15360), {}, "sm_90", 1, 480),  # slices of 320 threads: one CTA of 480 stays
+     ("rms_norm", (127, 16384), {}, "sm_90", 1, 512),  # few rows
+     ("rms_norm", (4096, 8192), {}, "sm_90", 1, 512),  # 8192: one slice
+     ("rms_norm", (4096, 16384), {"residual": True}, "sm_90", 1, 512),  # dh: no deferral
+     ("rms_norm", (4096, 12288), {}, "sm_100", 1, 384),
+     ("rms_norm", (4096, 12288), {}, "sm_80", 1, 384),
+     ("layer_norm", (4096, 16384), {}, "sm_90", 2, 512),  # dW and dB: the pair plan gives way
+     ("layer_norm", (2048, 12288), {}, "sm_90", 4, 480),
+     ("layer_norm", (2048, 11264), {}, "sm_90", 2, 352),  # 16 elements a thread (terms kept, not deferred)
+     ("layer_norm", (2047, 16384), {}, "sm_90", 16, 256),  # few rows: the pair plan
+     ("layer_norm", (4096, 15360), {}, "sm_90", 4, 160),  # 24 elements a thread: the pair plan
+     ("layer_norm", (4096, 9216), {}, "sm_90", 4, 192),
+     ("layer_norm", (4096, 10240), {}, "sm_90", 4, 160),  # the pair plan keeps terms, does not defer
+     ("layer_norm", (4096, 16384), {"weight_dtype": torch.float32}, "sm_90", 16, 256),
+     ("layer_norm", (4096, 14336), {"bias": False}, "sm_90", 8, 512)],  # dW alone: the fill rule's 4x
+)  # fmt: skip
+def test_backward_staged_slices_rule(op, shape, kw, arch, slices, block):
+    """NOTES entry 64: on sm_90, 16-bit rows of 8193-16384 elements that one
+    CTA would stage (RMSNorm) split into deferred slices of 8192 in grids of
+    128+ rows where the slices' CTAs hold at least as many threads; with dW and
+    dB (LayerNorm, 16-bit gamma and beta, 2048+ rows) the pair plan gives way
+    to them where it would defer and they hold 16 or 32 elements a thread.
+    bwd_staged_slices=1 keeps the previous plans, 2 forces the slices."""
+
+    def plan_of(**over):
+        with _tuning.override(**over):
+            return rtcnorm.explain(op, shape, BF16, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
+
+    plan = plan_of()
+    assert plan["column_slices"] == slices and plan["block"] == block, plan
+    old = plan_of(bwd_staged_slices=1)
+    changed = plan["kernel"] != old["kernel"]
+    # (dW alone on LayerNorm rows past 8192 was already sliced; only its fill changed.)
+    assert changed == (slices > 1 and (op == "rms_norm" or block > 256) and "bias" not in kw), (plan, old)
+    if changed:
+        assert plan["staged"] and plan["cached_row"], plan
+        if op == "rms_norm" or plan["deferred_stats"]:
+            assert plan["deferred_stats"] and plan["ring_stages"] == 3, plan
+            # Grid groups where the rows fill as many groups as clusters would (entry 59).
+            assert plan["grid_exchange"] == (plan["row_blocks"] >= 132 // slices), plan
+        assert old["column_slices"] == (1 if op == "rms_norm" else 16 if shape[0] < 2048 or shape[1] == 16384 else 4)
+    forced = plan_of(bwd_staged_slices=2)
+    eligible = arch != "sm_80" and "residual" not in kw and shape[1] > 8192
+    if eligible and op == "rms_norm":
+        assert forced["column_slices"] > 1 and forced["deferred_stats"], forced
+    if not eligible:
+        assert forced["kernel"] == plan["kernel"], forced
+    fp32 = rtcnorm.explain(op, shape, torch.float32, device="cpu", sm_count=132, arch=arch, **kw)["backward"]
+    with _tuning.override(bwd_staged_slices=1):
+        assert (
+            rtcnorm.explain(op, shape, torch.float32, device="cpu", sm_count=132, arch=arch, **kw)["backward"] == fp32
+        )
 
 
 KEEP_TERMS = 1 << 22
@@ -979,7 +1045,7 @@ def test_backward_prefetches_the_next_row_where_registers_allow(op, n, dtype, pr
     [("rms_norm", 5120, BF16, False, False, 1), ("rms_norm", 7168, BF16, False, True, 1),
      ("rms_norm", 8192, torch.float16, False, True, 1), ("rms_norm", 8192, BF16, True, False, 1),
      ("rms_norm", 16384, BF16, True, True, 1), ("rms_norm", 8192, torch.float32, False, False, 1),
-     ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 16),
+     ("layer_norm", 8192, BF16, False, True, 1), ("layer_norm", 16384, BF16, False, True, 2),  # entry 64
      ("rms_norm", 32768, BF16, True, True, 8), ("rms_norm", 65536, torch.float16, False, True, 8),
      ("rms_norm", 131072, BF16, False, True, 16), ("rms_norm", 131072, BF16, True, False, 1),
      ("layer_norm", 16384, torch.float32, False, False, 2)],

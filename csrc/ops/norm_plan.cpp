@@ -1172,23 +1172,23 @@ static NormBwdPlan with_grid_exchange(NormBwdPlan plan, int sm_count, int arch, 
   return plan;
 }
 
-static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
-                                   int arch, bool explain, BwdCtaHint row_hint = {}) {
+// The slice shape the deferred rules were measured on: cached,
+// kBwd16CacheElems elements a thread.
+static bool bwd16_measured_slice(const NormBwdPlan& sp) {
+  return sp.cached && sp.key.vecs_per_thread * sp.key.vec == kBwd16CacheElems;
+}
+
+// The column-slice plan of plan_bwd_layout: slices of a row across CTAs of a
+// cluster (or grid group), deferred where `defer`. `pair_allowed` = false
+// plans two gradient sets in slices of 8192 where they would pair.
+static NormBwdPlan plan_bwd_slices(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
+                                   int arch, bool explain, const NormBwdPlan& plan, bool wide16, bool defer,
+                                   bool pair_allowed) {
   const int forced = norm_tuning().bwd_cluster;
-  NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, sm_count, arch, explain, row_hint);
-  // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
-  // past 8192) become staged slices.
-  const int esize = jit::element_size(p.dtype);
-  const bool wide16 = esize == 2 && !plan.cached;
-  const bool defer = wide16 && defer_rule(p, want_dw, want_db, grad_dh, arch);
-  // (Deferred slices reach 16384 elements: 32 a thread at 512 threads.)
-  const int64_t max16 = kMaxCluster * (defer ? 2 * kBwd16DeferSliceElems : kBwdSliceElems);
-  const bool rule = esize == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= max16;
-  if (forced == 1 || (forced == 0 && !rule)) return plan;
   const bool both = want_dw && want_db;
   // Two gradient sets on rows of at most 16384 elements: pairs of 256-thread
   // CTAs an SM (above).
-  const bool pair = defer && both && p.hidden <= kBwd16DeferPairMaxBoth;
+  const bool pair = pair_allowed && defer && both && p.hidden <= kBwd16DeferPairMaxBoth;
   const bool double_slice = both && p.hidden > kBwd16DeferMidMaxBoth && !group_defer_rule(p, both, arch);
   const int64_t slice16 = !defer ? kBwd16SliceElems
                           : pair ? kBwd16DeferPairSliceElems
@@ -1213,23 +1213,95 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
     slice.hidden = p.hidden / c;
     return plan_bwd_cta(slice, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
   };
-  // The slice shape the fill rule was measured on: cached, kBwd16CacheElems
-  // elements a thread.
-  const auto measured_shape = [](const NormBwdPlan& sp) {
-    return sp.cached && sp.key.vecs_per_thread * sp.key.vec == kBwd16CacheElems;
-  };
   NormBwdPlan cplan = slice_plan(cl);
-  if (forced == 0 && arch == 90 && defer && !pair && 2 * cl <= kMaxCluster && p.rows >= kBwd16DeferFillMinRows &&
-      nvec % (2 * cl) == 0 && measured_shape(cplan)) {
-    NormBwdPlan wider = slice_plan(2 * cl);
-    if (measured_shape(wider) && wider.key.threads() > cplan.key.threads()) {
-      cl *= 2;
-      cplan = std::move(wider);
+  // Twice or four times the CTAs, whichever first fills more threads (four
+  // only arises from slices of 2: RMSNorm 14336, 448 -> 512 threads).
+  if (forced == 0 && arch == 90 && defer && !pair && p.rows >= kBwd16DeferFillMinRows && bwd16_measured_slice(cplan)) {
+    for (int c = 2 * cl; c <= kMaxCluster && nvec % c == 0; c *= 2) {
+      NormBwdPlan wider = slice_plan(c);
+      if (bwd16_measured_slice(wider) && wider.key.threads() > cplan.key.threads()) {
+        cl = c;
+        cplan = std::move(wider);
+        break;
+      }
     }
   }
   if (!cplan.cached) return plan;
   const NormBwdPlan cluster_plan = widen_to_cluster(cplan, p, cl, explain);
   return defer ? with_defer(cluster_plan, p, arch, explain) : cluster_plan;
+}
+
+// 16-bit rows of 8193-16384 elements that one CTA stages (x and dy through
+// its shared-memory ring, one gradient set: RMSNorm) split into slices of
+// at most 8192 on sm_90 as well, in grids of 128+ rows, where the slices'
+// CTAs hold at least as many threads as the one CTA. The slices defer
+// (with_defer) unless they keep their terms (16 elements a thread: 11264,
+// 13312), and then meet at every row block. LayerNorm's (two
+// sets, 16-bit gamma and beta) do so in grids of 2048+ rows, where their
+// 256-thread pair plan (above) would defer and the slices hold 16 or 32
+// elements a thread. H100 kernel-only, bf16, L2 flushed, median of 3, one CTA (pair
+// plan) -> slices, us (benchmarks/NOTES.md entry 64): RMSNorm 4096x9216
+// 108.6 -> 90.3, 4096x12288 178.2 -> 113.6, 16384x12288 652.0 -> 426.9,
+// 4096x14336 256.0 -> 136.7 (8 CTAs, the fill rule), 4096x16384 158.7 ->
+// 151.5, 1024x16384 52.7 -> 47.3, 256x12288 19.4 -> 16.1, but 4096x15360
+// 148.4 -> 171.3 (320-thread slices beside one 480-thread CTA); LayerNorm
+// 4096x11264 130.0 -> 120.2, 4096x12288 137.2 -> 129.2, 4096x16384 163.0 ->
+// 157.5, 16384x16384 604.9 -> 582.4, 16384x11264 483.1 -> 427.7 (slices of
+// 16 a thread, which keep their terms), but 1024 rows lost 1-2%, slices of
+// 24 elements a thread (15360) up to 2.4% and float32 gamma and beta 2.2%.
+// Pair plans that keep terms (10240, 14336) do not defer and stay.
+constexpr int64_t kBwd16StagedSliceMinElems = 8192;  // exclusive
+constexpr int64_t kBwd16StagedSliceMaxElems = 16384;
+constexpr int64_t kBwd16StagedSliceMinRows = 128;
+constexpr int64_t kBwd16StagedSliceMinRowsBoth = 2048;
+
+// Whether 16-bit rows of the staged-slice widths may leave the one-CTA plan
+// (or, with two gradient sets, the pair plan) for slices of at most 8192:
+// the rule's shape conditions above, or the bwd_staged_slices override; the
+// comparisons with the slice plan are plan_bwd_layout's. `one_cta` is the
+// plan of one CTA a row.
+static bool staged_slice_rule(const NormProblem& p, const NormBwdPlan& one_cta, bool both, bool grad_dh, int arch) {
+  const int forced = norm_tuning().bwd_staged_slices;
+  if (forced == 1 || arch < 90 || grad_dh || jit::element_size(p.dtype) != 2 || p.hidden <= kBwd16StagedSliceMinElems ||
+      p.hidden > kBwd16StagedSliceMaxElems)
+    return false;
+  // One set: only where one CTA caches the row through its ring.
+  if (!both && !(one_cta.cached && (one_cta.key.flags & kStagedRow) != 0)) return false;
+  if (forced == 2) return true;
+  if (both) return arch == 90 && p.rows >= kBwd16StagedSliceMinRowsBoth && p.wdtype == p.dtype;
+  return arch == 90 && p.rows >= kBwd16StagedSliceMinRows;
+}
+
+static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
+                                   int arch, bool explain, BwdCtaHint row_hint = {}) {
+  const int forced = norm_tuning().bwd_cluster;
+  NormBwdPlan plan = plan_bwd_cta(p, want_dw, want_db, grad_dh, sm_count, arch, explain, row_hint);
+  const bool both = want_dw && want_db;
+  // 16-bit rows one CTA does not cache (RMSNorm past 16384 elements, LayerNorm
+  // past 8192) become staged slices; so may narrower ones (staged_slice_rule).
+  const int esize = jit::element_size(p.dtype);
+  const bool staged_slices = staged_slice_rule(p, plan, both, grad_dh, arch);
+  const bool wide16 = esize == 2 && (!plan.cached || (staged_slices && !both));
+  const bool defer = wide16 && defer_rule(p, want_dw, want_db, grad_dh, arch);
+  // (Deferred slices reach 16384 elements: 32 a thread at 512 threads.)
+  const int64_t max16 = kMaxCluster * (defer ? 2 * kBwd16DeferSliceElems : kBwdSliceElems);
+  const bool rule = esize == 4 ? p.hidden > kBwdSliceElems : wide16 && p.hidden <= max16;
+  if (forced == 1 || (forced == 0 && !rule)) return plan;
+  const NormBwdPlan sliced = plan_bwd_slices(p, want_dw, want_db, grad_dh, sm_count, arch, explain, plan, wide16, defer,
+                                             /*pair_allowed=*/true);
+  if (!staged_slices || forced != 0) return sliced;
+  const bool override = norm_tuning().bwd_staged_slices == 2;
+  // One set: the slices replace the one CTA only where they fill as many
+  // threads (staged_slice_rule).
+  if (!both) return override || sliced.key.threads() >= plan.key.threads() ? sliced : plan;
+  // Two sets: the pair plan gives way to slices of 8192 of 16 or 32 elements
+  // a thread where it would defer.
+  if (!override && (sliced.key.flags & kDeferStats) == 0) return sliced;
+  NormBwdPlan unpaired = plan_bwd_slices(p, want_dw, want_db, grad_dh, sm_count, arch, explain, plan, wide16, defer,
+                                         /*pair_allowed=*/false);
+  const int elems = unpaired.key.vecs_per_thread * unpaired.key.vec;
+  const bool whole = unpaired.cached && (elems == kBwd16CacheElems || 2 * elems == kBwd16CacheElems);
+  return override || whole ? unpaired : sliced;
 }
 
 // A register-cached CTA (or cluster) that keeps its terms and visits a single

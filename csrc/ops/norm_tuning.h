@@ -108,6 +108,12 @@ struct NormTuning {
   // one CTA an SM: 1 = no L2 prefetch a device-full of CTAs ahead, 2 = the
   // prefetch for float32 rows too (the rule: 16-bit rows).
   int fwd_prefetch_ahead = 0;
+  // Backward, 16-bit rows of 8193-16384 elements: 1 = one CTA stages the row
+  // (or, with dW and dB, the 256-thread pair plan), 2 = column slices of at
+  // most 8192 wherever eligible (sm_90+, no residual gradient); the rule:
+  // sm_90, grids of 128+ rows where the slices fill as many threads (2048+
+  // rows with dW and dB, where the pair plan would defer).
+  int bwd_staged_slices = 0;
 };
 
 NormTuning& norm_tuning();
