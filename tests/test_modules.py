@@ -575,6 +575,30 @@ def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stage
         assert forced["ring_stages"] == (2 if stages else 0) and not kernel_flags(forced["kernel"]) & PREFETCH_NEXT
 
 
+@pytest.mark.parametrize(
+    ("shape", "dtype", "arch", "blocks"),
+    [((4096, 12288), BF16, "sm_100", 1), ((4096, 14336), torch.float16, "sm_100", 1),
+     ((4096, 11264), BF16, "sm_100", 1), ((4096, 10240), BF16, "sm_100", 2), ((4096, 9216), BF16, "sm_100", 2),
+     ((64, 12288), BF16, "sm_90", 1), ((64, 10240), BF16, "sm_90", 2), ((4096, 12288), torch.float32, "sm_80", 1),
+     ((16384, 5120), BF16, "sm_90", 2), ((16384, 7168), BF16, "sm_90", 1)],
+)  # fmt: skip
+def test_rms_norm_backward_two_ctas_an_sm_only_where_registers_fit(shape, dtype, arch, blocks):
+    """NOTES entry 65: a one-row RMSNorm backward CTA runs two an SM only where
+    its dW accumulators and row values (2 x 32 registers at 32 elements a
+    thread) and 32 more fit half the register file: CTAs of 352-448 threads at
+    32 elements (11264-14336) run one an SM (they spilled at two); 288-320
+    threads and rows of 16 elements keep two (7168 runs one for its kept
+    terms, entry 38). The override still decides."""
+    kw = dict(device="cpu", sm_count=132, arch=arch)
+    plan = rtcnorm.explain("rms_norm", shape, dtype, **kw)["backward"]
+    elems = 16 if shape[1] <= 7168 else 32  # a thread's elements of its row
+    assert plan["column_slices"] == 1 and plan["block"] == shape[1] // elems, plan
+    assert int(plan["kernel"].split(", ")[-1].rstrip(">")) == blocks, plan
+    with _tuning.override(bwd_min_blocks=2):
+        forced = rtcnorm.explain("rms_norm", shape, dtype, **kw)["backward"]
+        assert int(forced["kernel"].split(", ")[-1].rstrip(">")) == 2, forced
+
+
 # Kernel key flags (csrc/kernels/common/params.cuh; PREFETCH_NEXT is in norm_checks).
 PREFETCH_AFFINE = 1 << 13
 STAGED_ROW = 1 << 16

@@ -732,7 +732,16 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   };
   const bool terms_need_one = p.kind == kRmsNorm && plan.cached && rows == 1 && terms_fit_at(1) && !terms_fit_at(2) &&
                               pick(t.bwd_keep_terms, 2) == 2;
-  const bool two_fit = threads < 512 && !terms_need_one && (p.kind == kRmsNorm || 65536 / (2 * threads) >= 96);
+  // RMSNorm's one gradient set fits two CTAs an SM where its dW accumulators
+  // and the row's values (2 x 32 registers at 32 elements a thread) and 32
+  // more fit: rows of 11264-14336 16-bit elements in CTAs of 352-448 threads
+  // spilled 160-350 bytes at two an SM (ptxas, sm_90 / sm_100) and ran at
+  // 47-57% of copy; one an SM, H100 kernel-only, bf16 (benchmarks/NOTES.md
+  // entry 65): 4096x12288 179.5 -> 125.9 us, 4096x14336 257.4 -> 152.0,
+  // 64x12288 14.5 -> 12.0; 320 threads (10240, 102 registers) keep two.
+  const bool rms_two_fit = 2 * nv * vec + 32 <= 65536 / (2 * threads);
+  const bool two_fit =
+      threads < 512 && !terms_need_one && (p.kind == kRmsNorm ? rms_two_fit : 65536 / (2 * threads) >= 96);
   const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1));
   // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
   // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
