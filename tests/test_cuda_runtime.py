@@ -50,6 +50,18 @@ def check(op, got, expected, rows):
         assert_close(value, expected[name], what=name, reduce_len=rows if name in ("dw", "db") else 1)
 
 
+def run_poisoned_and_repeated(op, t, poison, repeats=2):
+    """run(op, t) after poisoning the allocator's free memory; `repeats` more
+    runs must give the same bits. Returns the first run's outputs."""
+    poison(4 * t["x"].numel() * t["x"].element_size())
+    got = run(op, t)
+    for _ in range(repeats):
+        again = run(op, t)
+        for key in again:
+            assert torch.equal(again[key], got[key]), key
+    return got
+
+
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_side_stream_orders_after_its_producer(op, poison):
     t = make(op, (4097, 4096))
@@ -361,12 +373,7 @@ def test_deferred_cluster_sums_change_no_bit(op, m, n, dtype, cluster, poison):
             plan = rtcnorm.explain(op, (m, n), dtype)["backward"]
             assert plan["cluster"] > 1 and plan["staged"] and plan["deferred_stats"] == (defer == 2), plan
             assert plan["ring_stages"] == (3 if defer == 2 else 2), plan
-            poison(4 * t["x"].numel() * t["x"].element_size())
-            results[name] = run(op, t)
-            for _ in range(2):
-                again = run(op, t)
-                for key in again:
-                    assert torch.equal(again[key], results[name][key]), (name, key)
+            results[name] = run_poisoned_and_repeated(op, t, poison)
             if name == "deferred":
                 check_contiguous_and_strided(
                     op, m, n, dtype, "weight" if op == "rms_norm" else "weight_bias", None, poison
@@ -451,12 +458,7 @@ def test_grid_group_slices_match_the_cluster_exchange(op, m, n, dtype, cluster, 
         assert plan["grid_exchange"] and plan["cluster"] == 1 and plan["column_slices"] == hw["cluster"], plan
         assert plan["kernel"].split(", ")[:7] == hw["kernel"].split(", ")[:7], (plan, hw)
         assert plan["grid"] <= torch.cuda.get_device_properties(0).multi_processor_count * 2, plan
-        poison(4 * t["x"].numel() * t["x"].element_size())
-        got = run(op, t)
-        for _ in range(2):
-            again = run(op, t)
-            for key in again:
-                assert torch.equal(again[key], got[key]), key
+        got = run_poisoned_and_repeated(op, t, poison)
         variant = "weight" if op == "rms_norm" else "weight_bias"
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
     assert torch.equal(got["dx"], cluster_run["dx"])
@@ -499,13 +501,7 @@ def test_staged_width_rows_as_deferred_slices(op, m, n, dtype, variant, slices, 
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
         if variant in ("weight", "weight_bias"):
             t = make(op, (m, n), dtype)
-            poison(4 * t["x"].numel() * t["x"].element_size())
-            got = run(op, t)
-            for _ in range(2):
-                again = run(op, t)
-                for key in again:
-                    assert torch.equal(again[key], got[key]), key
-            check(op, got, ref(op, t), m)
+            check(op, run_poisoned_and_repeated(op, t, poison), ref(op, t), m)
     with _tuning.override(bwd_staged_slices=1):
         assert rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]["kernel"] != plan["kernel"] or op == "layer_norm"
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
