@@ -724,11 +724,14 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // per SM and keeps them. H100 graph replay, bf16 (benchmarks/NOTES.md entry
   // 38): 16384x6144 229.3 -> 221.0 us, 16384x7168 284.1 -> 265.9; N = 5120
   // keeps them at two per SM (187.0 us; 193.8 at one).
-  // Whether the kept terms' registers (the estimate below) fit launch bounds
-  // of `blocks_per_sm` CTAs.
+  // Whether `regs` registers a thread fit launch bounds of `blocks_per_sm`
+  // CTAs; terms_fit_at asks it for the kept terms (the estimate below).
+  const auto regs_fit_at = [&](int blocks_per_sm, int regs) {
+    return regs <= std::min(255, 65536 / (blocks_per_sm * threads));
+  };
   const int elems = nv * vec, accums = int(want_dw) + int(want_db);
   const auto terms_fit_at = [&](int blocks_per_sm) {
-    return !narrow && elems <= 16 && elems * (3 + accums) + 32 <= std::min(255, 65536 / (blocks_per_sm * threads));
+    return !narrow && elems <= 16 && regs_fit_at(blocks_per_sm, elems * (3 + accums) + 32);
   };
   const bool terms_need_one = p.kind == kRmsNorm && plan.cached && rows == 1 && terms_fit_at(1) && !terms_fit_at(2) &&
                               pick(t.bwd_keep_terms, 2) == 2;
@@ -739,9 +742,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // 47-57% of copy; one an SM, H100 kernel-only, bf16 (benchmarks/NOTES.md
   // entry 65): 4096x12288 179.5 -> 125.9 us, 4096x14336 257.4 -> 152.0,
   // 64x12288 14.5 -> 12.0; 320 threads (10240, 102 registers) keep two.
-  const bool rms_two_fit = 2 * nv * vec + 32 <= 65536 / (2 * threads);
-  const bool two_fit =
-      threads < 512 && !terms_need_one && (p.kind == kRmsNorm ? rms_two_fit : 65536 / (2 * threads) >= 96);
+  const bool two_fit = threads < 512 && !terms_need_one && regs_fit_at(2, p.kind == kRmsNorm ? 2 * elems + 32 : 96);
   const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1));
   // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
   // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
