@@ -88,6 +88,8 @@ constexpr Tunable kTunables[] = {
     {"fwd_grid_exchange", &NormTuning::fwd_grid_exchange, 2},
     {"fwd_prefetch_ahead", &NormTuning::fwd_prefetch_ahead, 2},
     {"bwd_staged_slices", &NormTuning::bwd_staged_slices, 2},
+    {"fwd_defer_stats", &NormTuning::fwd_defer_stats, 2},
+    {"fwd_ring_stages", &NormTuning::fwd_ring_stages, 5},
 };
 
 // The launch configuration explain() reports for a kernel key.

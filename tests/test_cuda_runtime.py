@@ -295,7 +295,8 @@ def test_cluster_exchange_over_many_row_blocks(op, cluster, poison):
     past M and the CTAs of a cluster free to drift apart between exchanges."""
     m, n, dtype = 1003, 32768, torch.bfloat16
     variant = "weight" if op == "rms_norm" else "weight_bias"
-    with _tuning.override(fwd_cluster=cluster, bwd_cluster=cluster):
+    # The meeting loop's exchange (the deferred slices have their own test).
+    with _tuning.override(fwd_cluster=cluster, bwd_cluster=cluster, fwd_defer_stats=1):
         plan = rtcnorm.explain(op, (m, n), dtype)
         assert plan["cluster"] == cluster and plan["backward"]["column_slices"] == cluster, plan
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
@@ -562,6 +563,56 @@ def test_forward_grid_groups_match_the_cluster_exchange(op, m, n, dtype, variant
         poison(4 * x.numel() * x.element_size())
         got = forward_outputs(op, x, w, b, zcg, r)
         for a, c in zip(got, cluster_out):
+            assert torch.equal(a, c)
+        for a, c in zip(forward_outputs(op, x, w, b, zcg, r), got):
+            assert torch.equal(a, c)
+        check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+
+
+@needs_clusters
+@pytest.mark.parametrize(
+    ("op", "m", "n", "dtype", "variant", "tuning"),
+    [("rms_norm", 512, 131072, torch.bfloat16, "weight", {}),
+     ("rms_norm", 300, 131072, torch.float16, "zero_centered", {}),
+     ("rms_norm", 257, 131072, torch.float32, "no_weight", {}),
+     ("rms_norm", 64, 262144, torch.bfloat16, "mixed", {}),
+     ("rms_norm", 129, 131072, torch.bfloat16, "weight", {"fwd_grid_exchange": 1}),
+     ("rms_norm", 1003, 32768, torch.bfloat16, "weight", {"fwd_cluster": 4, "fwd_defer_stats": 2}),
+     ("rms_norm", 40, 131072, torch.bfloat16, "weight", {"fwd_defer_stats": 2, "fwd_ring_stages": 5}),
+     ("layer_norm", 777, 65536, torch.bfloat16, "weight_bias", {"fwd_defer_stats": 2, "fwd_ring_stages": 4}),
+     ("layer_norm", 300, 131072, torch.float32, "bias", {"fwd_defer_stats": 2}),
+     ("layer_norm", 1003, 24576, torch.bfloat16, "mixed", {"fwd_cluster": 4, "fwd_defer_stats": 2})],
+)  # fmt: skip
+def test_forward_deferred_slices_match_the_meeting_loop(op, m, n, dtype, variant, tuning, poison):
+    """Column slices staged through a shared-memory ring whose group
+    statistics are collected one row block late (kDeferStats, entry 66): y
+    and the statistics are bitwise those of the meeting loop on the same
+    slices (the same partials merged in the same order), repeat bitwise, and
+    match the reference contiguous and strided. The rule's shapes (RMSNorm,
+    many row blocks a group, a tail past M, 16 slices) and forced ones: a
+    hardware cluster, rings of 4 and 5 stages, LayerNorm's moments (equal
+    counts, and three-warp slices merging by the general formula)."""
+    if op == "rms_norm":
+        x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
+        b = None
+        kwargs = {"elementwise_affine": w is not None}
+    else:
+        x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=0.0 if variant == "mixed" else 100.0)
+        r = None
+        kwargs = {"elementwise_affine": w is not None, "bias": b is not None}
+    kwargs["weight_dtype"] = None if w is None else w.dtype
+    base = {k: v for k, v in tuning.items() if k in ("fwd_cluster", "fwd_grid_exchange")}
+    with _tuning.override(fwd_defer_stats=1, **base):
+        meeting = rtcnorm.explain(op, (m, n), dtype, **kwargs)
+        expected = forward_outputs(op, x, w, b, zcg, r)
+    with _tuning.override(**tuning):
+        plan = rtcnorm.explain(op, (m, n), dtype, **kwargs)
+        assert kernel_flags(plan["kernel"]) & ((1 << 16) | (1 << 29)) == (1 << 16) | (1 << 29), plan
+        assert plan["kernel"].split(", ")[2:7] == meeting["kernel"].split(", ")[2:7], (plan, meeting)
+        assert plan["persistent"] and plan["smem"] > 0 and plan["column_slices"] > 1
+        poison(4 * x.numel() * x.element_size())
+        got = forward_outputs(op, x, w, b, zcg, r)
+        for a, c in zip(got, expected):
             assert torch.equal(a, c)
         for a, c in zip(forward_outputs(op, x, w, b, zcg, r), got):
             assert torch.equal(a, c)

@@ -139,6 +139,11 @@ def test_explain_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
     """Rows one CTA cannot cache are split across a thread-block cluster on
     sm_90+ (forward), as are float32 backward rows past 8192 elements; the key
     carries the cluster in its flags, and pre-Hopper plans never use one."""
+    with _tuning.override(fwd_defer_stats=1):  # RMSNorm's deferred slices are grid groups (their own test)
+        check_cluster_rule(op, shape, dtype, cluster, bwd_cluster)
+
+
+def check_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
     plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
     bwd = plan["backward"]
     assert plan["cluster"] == cluster and bwd["column_slices"] == bwd_cluster
@@ -193,6 +198,11 @@ def test_explain_forward_grid_group_rule(op, shape, dtype, groups):
     hardware clusters, as do other archs, an explicit multi-wave mode and the
     override of 1. The override of 2 forces groups wherever a persistent grid
     may split the row."""
+    with _tuning.override(fwd_defer_stats=1):  # the deferred slices' rule has its own test
+        check_forward_grid_group_rule(op, shape, dtype, groups)
+
+
+def check_forward_grid_group_rule(op, shape, dtype, groups):
     plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
     slices = plan["column_slices"]
     assert slices > 1 and plan["grid_exchange"] == groups, plan
@@ -218,6 +228,68 @@ def test_explain_forward_grid_group_rule(op, shape, dtype, groups):
         assert on["grid_exchange"] and on["column_slices"] == slices and on["persistent"]
         reload = rtcnorm.explain(op, shape, dtype, mode="multi_wave_reload", device="cpu", arch="sm_90")
         assert not reload["grid_exchange"] and reload["column_slices"] == 1
+
+
+DEFERRED = "collecting the group's statistics one row block late"
+STAGED_DEFERRED = (1 << 16) | (1 << 29)  # kStagedRow | kDeferStats
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "deferred"),
+    [
+        ("rms_norm", (512, 131072), torch.bfloat16, True),  # clusters of 8 before
+        ("rms_norm", (64, 131072), torch.bfloat16, True),  # 64 row blocks, 33 groups
+        ("rms_norm", (2048, 131072), torch.float16, True),
+        ("rms_norm", (256, 131072), torch.float32, True),  # one 192 KB ring an SM
+        ("rms_norm", (512, 262144), torch.bfloat16, True),  # 16 slices
+        ("rms_norm", (256, 196608), torch.bfloat16, True),  # 384-thread slices
+        ("rms_norm", (32, 131072), torch.bfloat16, False),  # one row block a group: nothing to defer
+        ("rms_norm", (16, 131072), torch.bfloat16, False),  # lone CTAs an SM as groups, one wave
+        ("layer_norm", (512, 131072), torch.bfloat16, False),  # LayerNorm keeps the meeting loop
+        ("rms_norm", (1024, 65536), torch.bfloat16, False),  # one CTA a row: no slices
+    ],
+)
+def test_explain_forward_deferred_slices_rule(op, shape, dtype, deferred):
+    """RMSNorm column slices on sm_90 are staged through a 3-stage
+    shared-memory ring and collect their group's statistics one row block late
+    (kStagedRow | kDeferStats, entry 66) in grids of more row blocks than
+    resident groups: a persistent grid group with evict-first stores. Other
+    archs, LayerNorm, one-wave grids, an explicit multi-wave mode, a residual
+    and the override of 1 keep the plan; the override of 2 forces the ring on
+    any eligible slice plan; fwd_grid_exchange=1 keeps a hardware cluster."""
+    m, n = shape
+    plan = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+    flags = kernel_flags(plan["kernel"])
+    assert ((flags & STAGED_DEFERRED) == STAGED_DEFERRED) == deferred, plan
+    assert (DEFERRED in plan["reason"]) == deferred
+    with _tuning.override(fwd_defer_stats=1):
+        off = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+        assert kernel_flags(off["kernel"]) & STAGED_DEFERRED == 0 and off["smem"] == 0, off
+    if deferred:
+        slices = plan["column_slices"]
+        esize = torch.empty((), dtype=dtype).element_size()
+        assert plan["grid_exchange"] and plan["cluster"] == 1 and slices > 1, plan
+        assert plan["persistent"] and plan["mode"] == "static_persistent"
+        assert plan["smem"] == 3 * plan["rows_per_cta"] * (n // slices) * esize
+        assert flags & STREAM_STORE and not flags & PREFETCH_NEXT
+        assert "whole groups of column_slices CTAs" in plan["grid"]
+        assert plan["kernel"].split(", ")[2:7] == off["kernel"].split(", ")[2:7]  # the same thread shape
+        for arch in ("sm_100", "sm_80"):
+            other = rtcnorm.explain(op, shape, dtype, device="cpu", arch=arch)
+            assert kernel_flags(other["kernel"]) & STAGED_DEFERRED == 0 and other["smem"] == 0
+        waves = rtcnorm.explain(op, shape, dtype, mode="multi_wave_cached", device="cpu", arch="sm_90")
+        assert kernel_flags(waves["kernel"]) & STAGED_DEFERRED == 0 and not waves["persistent"]
+        res = rtcnorm.explain(op, shape, dtype, residual=True, device="cpu", arch="sm_90")
+        assert kernel_flags(res["kernel"]) & STAGED_DEFERRED == 0
+        with _tuning.override(fwd_grid_exchange=1):
+            hw = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+            assert kernel_flags(hw["kernel"]) & STAGED_DEFERRED == STAGED_DEFERRED
+            assert not hw["grid_exchange"] and hw["cluster"] == slices and hw["persistent"]
+    elif plan["column_slices"] > 1:
+        with _tuning.override(fwd_defer_stats=2):
+            forced = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
+            assert kernel_flags(forced["kernel"]) & STAGED_DEFERRED == STAGED_DEFERRED, forced
+            assert forced["persistent"] and forced["smem"] > 0
 
 
 AHEAD = "prefetches into L2 the row a device-full of CTAs ahead"
@@ -353,7 +425,7 @@ def test_explain_long_rows_in_shared_memory(op, shape, dtype, residual, smem):
         assert reload["smem"] == 0 and not reload["cached_row"]
         persistent = rtcnorm.explain(op, shape, dtype, residual=residual, mode="static_persistent", device="cpu")
         assert persistent["smem"] == smem and persistent["persistent"]
-    with _tuning.override(fwd_smem_row_bytes=1 << 30):
+    with _tuning.override(fwd_smem_row_bytes=1 << 30, fwd_defer_stats=1):  # (no staging ring either)
         assert rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu")["smem"] == 0
 
 

@@ -9,12 +9,16 @@
 
 #include "common/norm_bwd_columns.cuh"
 #include "common/norm_bwd_split.cuh"
+#include "common/norm_fwd_deferred.cuh"
 
 namespace rtcnorm {
 
 template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
 __global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_fwd(const NormFwdParams p) {
-  norm_fwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+  if constexpr ((FLAGS & kDeferStats) != 0)
+    norm_fwd_deferred<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+  else
+    norm_fwd<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 
 template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>

@@ -1031,10 +1031,73 @@ static NormFwdPlan with_fwd_grid_exchange(NormFwdPlan plan, NormMode requested, 
   return plan;
 }
 
+// Column slices staged through a shared-memory ring, their statistics
+// collected one row block late (kDeferStats, common/norm_fwd_deferred.cuh):
+// a slice CTA sums row block k + 1 while its peers' partials of k arrive,
+// where the meeting loop holds every row block's y until the slowest slice's
+// loads land. The kernel is persistent, its slices a grid group (the ring's
+// stages cap the CTAs an SM, and a group may then take every SM), and y is
+// stored evict-first so that the ring's copies keep L2.
+// H100 kernel-only, bf16 unless marked, us (benchmarks/NOTES.md entry 66),
+// multi-wave clusters -> deferred groups, y, rstd bitwise equal: RMSNorm
+// 64 / 128 / 256 / 512 / 2048 x 131072 16.4 -> 15.4, 29.0 -> 26.0, 52.1 ->
+// 47.7, 101.1 -> 94.7, 392.8 -> 381.9; fp16 512x131072 101.7 -> 94.2; float32
+// 256x131072 102.9 -> 96.9; 512x262144 242.5 -> 195.3; 256x196608 103.0 ->
+// 80.7. LayerNorm's CTAs of the same shape lost (1024x65536 102.7 -> 112.7:
+// gamma and beta come from L2 for every row block) and gain only on
+// 512-thread CTAs the layout does not pick (entry 66), so the rule is
+// RMSNorm's. Grids of at most one row block a group (one wave) have nothing
+// to defer and keep their plans.
+static bool fwd_deferred_rule(const NormFwdPlan& plan, const NormProblem& p, int sm_count, int stage_bytes_total,
+                              int arch) {
+  const int64_t groups = int64_t{sm_count} *
+                         std::max<int64_t>(1, max_smem_per_block(arch) / std::max(1, stage_bytes_total)) /
+                         column_slices(plan.key.flags);
+  return arch == 90 && p.kind == kRmsNorm && plan.row_blocks > groups;
+}
+
+static NormFwdPlan with_fwd_deferred(NormFwdPlan plan, const NormProblem& p, NormMode requested, int sm_count, int arch,
+                                     bool explain) {
+  const NormTuning& t = norm_tuning();
+  const int esize = jit::element_size(p.dtype);
+  const int slices = column_slices(plan.key.flags);
+  const bool mode_ok = requested == NormMode::kAuto || requested == NormMode::kStaticPersistent;
+  const bool group_ok = grid_group_eligible(plan.key, arch) || (plan.key.flags & kGridExchange) != 0;
+  const bool eligible = arch >= 90 && mode_ok && plan.cached && plan.smem == 0 && slices > 1 && group_ok &&
+                        !p.residual && plan.key.vec * esize == 16;
+  if (!eligible || t.fwd_defer_stats == 1) return plan;
+  const int stages = pick(t.fwd_ring_stages, 3);
+  const int64_t stage_bytes = int64_t{plan.key.rows_per_cta} * (p.hidden / slices) * esize;
+  if (stages * stage_bytes > max_smem_per_block(arch)) return plan;
+  if (t.fwd_defer_stats != 2 && !fwd_deferred_rule(plan, p, sm_count, static_cast<int>(stages * stage_bytes), arch))
+    return plan;
+  const bool group = (plan.key.flags & kGridExchange) != 0 || t.fwd_grid_exchange != 1;
+  if ((plan.key.flags & kGridExchange) == 0 && group) to_grid_group(plan, "statistics", explain);
+  plan.key.flags &=
+      ~(kRingExtraBits | kPrefetchNext | kKeepGamma | kL2Prefetch | kPreloadAffine | kPrefetchAffine | kL1Allocate);
+  plan.key.flags |= kStagedRow | kDeferStats | (static_cast<unsigned>(stages - 2) << kRingExtraShift);
+  if (t.fwd_hints == 0) plan.key.flags |= kStreamStore;
+  plan.smem = static_cast<size_t>(stages * stage_bytes);
+  plan.key.variant = static_cast<int16_t>(smem_capped_blocks(plan.key.variant, stages * stage_bytes, arch));
+  plan.persistent = true;
+  plan.mode = NormMode::kStaticPersistent;
+  plan.prefetch_ahead = false;
+  if (explain) {
+    replace_phrase(plan.reason, kMultiWaveGridWhy, kPersistentGridWhy);
+    plan.reason += std::string("; the group is ") + std::to_string(slices) +
+                   (group ? " consecutive CTAs of a persistent cooperative launch" : " CTAs of a persistent cluster") +
+                   ", each staging its slices through a " + std::to_string(stages) +
+                   "-stage shared-memory ring and collecting the group's statistics one row block late";
+  }
+  return plan;
+}
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormFwdPlan plan = plan_fwd_layout(p, requested, sm_count, arch, explain);
-  return with_fwd_grid_exchange(with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain), requested,
-                                sm_count, arch, explain);
+  return with_fwd_deferred(
+      with_fwd_grid_exchange(with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain), requested,
+                             sm_count, arch, explain),
+      p, requested, sm_count, arch, explain);
 }
 
 // Staged column-cluster rows may collect the cluster's row sums one row block

@@ -114,6 +114,12 @@ struct NormTuning {
   // sm_90, grids of 128+ rows where the slices fill as many threads (2048+
   // rows with dW and dB, where the pair plan would defer).
   int bwd_staged_slices = 0;
+  // Forward, register-cached column slices (sm_90+, no residual): 1 = the
+  // slices meet before each row block's y, 2 = the rows are staged through a
+  // shared-memory ring and the slices' statistics collected one row block
+  // later (kDeferStats, a persistent grid); stages of that ring, 3-5.
+  int fwd_defer_stats = 0;
+  int fwd_ring_stages = 0;
 };
 
 NormTuning& norm_tuning();

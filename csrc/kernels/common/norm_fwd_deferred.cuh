@@ -1,0 +1,173 @@
+// Forward of column-slice rows staged through shared memory, with the
+// slices' exchange of statistics taken off the critical path
+// (kClusterBits with kStagedRow and kDeferStats, sm_90+, persistent grid).
+//
+// In norm_fwd.cuh a slice CTA sums its slice of row block k, publishes the
+// partial and waits for its peers' before it can write y of k: every row
+// block waits on the slowest CTA of the slice group, whose loads set the
+// pace, and the CTA's row sits in registers meanwhile. Here CTA iteration k
+//   1. waits for its own copies of row block k and sums its slice,
+//   2. collects the group's partials of row block k - 1 (published one
+//      iteration ago, so normally long complete) and publishes those of k,
+//   3. writes y (and the statistics) of row block k - 1 from the ring,
+//   4. starts the copies of row block k + S - 1 into the stage k - 1 left.
+// After the last row block, the partials of the last are collected and its y
+// written. The ring holds S >= 3 stages: one row block being finished, one
+// being summed, S - 2 in flight (common/norm_bwd_deferred.cuh is the
+// backward's loop of the same shape).
+//
+// Invariants:
+// - Same arithmetic in the same order as norm_fwd's slice path (one chunk's
+//   of_chunk merged into an empty accumulator, the same row reduction, the
+//   same rank-order merge, the same normalize step), so y, rstd and mean are
+//   bitwise the same.
+// - Collects and publishes alternate with no row-group barrier between
+//   collect k - 1 and publish k, so slots cycle through three sets
+//   (common/cluster.cuh gives why).
+// - Each thread copies exactly the ring vectors it reads back, and a stage is
+//   refilled only after this thread's last read of it (its y in step 3), so
+//   the ring needs no barrier of its own.
+// - The row loop is uniform across the slice group: every CTA collects every
+//   call its peers publish.
+#pragma once
+
+#include "common/norm_fwd.cuh"
+
+namespace rtcnorm {
+
+template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
+__device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
+  using Stats = NormStats<KIND>;
+  using Acc = typename Stats::Acc;
+  using PT = Pack<T, VEC>;
+  constexpr int kCl = column_cluster_ctas<FLAGS>();
+  constexpr int kVecs = N / VEC / kCl;
+  constexpr bool kEven = kVecs % (TPR * NV) == 0;
+  constexpr int kStages = 2 + static_cast<int>((FLAGS & kRingExtraBits) >> kRingExtraShift);
+  constexpr bool kGrid = (FLAGS & kGridExchange) != 0;
+  constexpr bool kCs = (FLAGS & kStreamStore) != 0;
+  // As norm_fwd: whole chunks in power-of-two warps merge LayerNorm's moments
+  // as equal counts.
+  constexpr int kWarps = TPR > 32 ? TPR / 32 : 1;
+  constexpr bool kEqualCounts = KIND == kLayerNorm && kEven && (kWarps & (kWarps - 1)) == 0;
+  using Red = typename Select<kEqualCounts, MeanM2Eq, Acc>::type;
+  static_assert(kCl > 1, "the exchange being deferred is a row's slices'");
+  static_assert(kStages >= 3, "one stage being finished, one being summed, one in flight");
+  static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");
+  static_assert((FLAGS & kResidual) == 0, "no residual: the ring holds x alone");
+  static_assert(sizeof(PT) == 16, "the ring is filled in 16-byte copies");
+
+  extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
+  __shared__ GroupScratch<TPR, ROWS, Red> scratch;
+  __shared__ ClusterScratch<kGrid ? 1 : kCl, ROWS, Red, 3> cscratch;
+  const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
+  const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kCl>();
+  unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS, Red>(p.exchange, cluster) : nullptr;
+  if constexpr (!kGrid) cluster_exchange_init(cscratch);
+  const int lane = threadIdx.x % TPR;
+  const int group = threadIdx.x / TPR;
+  const int vbase = rank * kVecs;
+  const long long col0 = 1LL * vbase * VEC;
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  // Stage s of this row group: kVecs vectors, the CTA's row groups side by side.
+  PT* const ring = reinterpret_cast<PT*>(norm_dyn_smem) + group * kVecs;
+  const auto stage_at = [&](int s) { return ring + s * ROWS * kVecs; };
+
+  const auto publish = [&](Red v, int call) {
+    if constexpr (kGrid)
+      grid_publish<kCl, ROWS>(v, gex, p.exchange_base, rank, call, group, lane);
+    else
+      cluster_publish<kCl, ROWS, TPR>(v, cscratch, call, group, lane);
+  };
+  const auto collect = [&](int call) {
+    if constexpr (kGrid)
+      return grid_collect<kCl, ROWS, TPR, Red>(gex, p.exchange_base, call, group);
+    else
+      return cluster_collect<kCl, ROWS>(Red{}, cscratch, call, group);
+  };
+  // Starts the copies of this thread's vectors of row block rb into stage s
+  // (none past the last row) and closes its group of copies: every thread
+  // commits one group per call.
+  const auto fill = [&](int s, long long rb) {
+    const long long row = rb * ROWS + group;
+    if (rb < p.row_blocks && row < p.rows) {
+      const PT* src = reinterpret_cast<const PT*>(x + row_offset(p.x_map, row) + col0);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * TPR + lane;
+        if (kEven || v < kVecs) cp_async(stage_at(s) + v, src + v);
+      }
+    }
+    cp_async_commit();
+  };
+
+  struct RowRef {
+    long long row;
+    bool ok;
+  };
+  // y and the statistics of a row block whose group partials `red` are
+  // complete, from its stage.
+  const auto write_y = [&](const RowRef& r, int s, Red red) {
+    float mean, rstd;
+    Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
+    if (!r.ok) return;
+    if (lane == 0 && rank == 0) {
+      p.rstd[r.row] = rstd;
+      if (KIND == kLayerNorm && p.mean != nullptr) p.mean[r.row] = mean;
+    }
+    const long long yoff = r.row * N + col0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      if (!(kEven || v < kVecs)) continue;
+      const PT xv = stage_at(s)[v];
+      float g[VEC], b[VEC];
+      load_affine<W, VEC, FLAGS>(p, vbase + v, g, b);
+      float out[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = fmaf((elem_float(xv, j) - mean) * rstd, g[j], b[j]);
+      store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) fill(s, cluster + s * clusters);
+
+  RowRef pending{0, false};  // the row block whose y waits for its group's partials
+  int pending_stage = 0;     // and its ring stage
+  int stage = 0;
+  int calls = 0;
+  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
+    const RowRef r{rb * ROWS + group, rb * ROWS + group < p.rows};
+    cp_async_wait<kStages - 2>();  // row block rb's copies have landed; S - 2 later ones fly
+    PT xv[NV];
+    bool ok[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * TPR + lane;
+      ok[i] = r.ok && (kEven || v < kVecs);
+      if (ok[i]) xv[i] = stage_at(stage)[v];
+    }
+    const Acc acc = merge(Stats::empty(), Stats::template of_chunk<T, VEC, NV>(xv, ok));
+    const Red red = group_allreduce<TPR, ROWS>(AccAs<Red>::from(acc), scratch);
+    if (calls > 0) {
+      const Red done = collect(calls - 1);
+      publish(red, calls);
+      write_y(pending, pending_stage, done);
+    } else {
+      publish(red, calls);
+    }
+    ++calls;
+    pending = r;
+    pending_stage = stage;
+    // The stage of the row block just finished (none before the first) takes
+    // row block rb + (S - 1) * clusters.
+    fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+  if (calls > 0) write_y(pending, pending_stage, collect(calls - 1));
+  if constexpr (!kGrid) cluster_exit<kCl>(calls);
+}
+
+}  // namespace rtcnorm
