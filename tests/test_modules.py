@@ -271,6 +271,8 @@ def test_explain_forward_deferred_slices_rule(op, shape, dtype, deferred):
         assert plan["grid_exchange"] and plan["cluster"] == 1 and slices > 1, plan
         assert plan["persistent"] and plan["mode"] == "static_persistent"
         assert plan["smem"] == 3 * plan["rows_per_cta"] * (n // slices) * esize
+        with _tuning.override(fwd_ring_stages=1):  # below the kernel's 3 stages: 3
+            assert rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")["kernel"] == plan["kernel"]
         assert flags & STREAM_STORE and not flags & PREFETCH_NEXT
         assert "whole groups of column_slices CTAs" in plan["grid"]
         assert plan["kernel"].split(", ")[2:7] == off["kernel"].split(", ")[2:7]  # the same thread shape

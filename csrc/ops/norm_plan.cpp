@@ -1066,7 +1066,8 @@ static NormFwdPlan with_fwd_deferred(NormFwdPlan plan, const NormProblem& p, Nor
   const bool eligible = arch >= 90 && mode_ok && plan.cached && plan.smem == 0 && slices > 1 && group_ok &&
                         !p.residual && plan.key.vec * esize == 16;
   if (!eligible || t.fwd_defer_stats == 1) return plan;
-  const int stages = pick(t.fwd_ring_stages, 3);
+  // The kernel needs one stage being finished, one being summed, one in flight.
+  const int stages = std::max(3, pick(t.fwd_ring_stages, 3));
   const int64_t stage_bytes = int64_t{plan.key.rows_per_cta} * (p.hidden / slices) * esize;
   if (stages * stage_bytes > max_smem_per_block(arch)) return plan;
   if (t.fwd_defer_stats != 2 && !fwd_deferred_rule(plan, p, sm_count, static_cast<int>(stages * stage_bytes), arch))

@@ -17,8 +17,9 @@
 //   word an earlier launch left never carries a tag this one polls for.
 //
 // Invariants:
-// - Callers: the backward's deferred loop (collect k - 1, then publish k)
-//   and the forward's meeting loop (publish k, then collect k). Both make
+// - Callers: the deferred loops, forward and backward (collect k - 1, then
+//   publish k; common/slice_exchange.cuh) and the forward's meeting loop
+//   (publish k, then collect k). All make
 //   the same call sequence as common/cluster.cuh's publish / collect:
 //   every thread of the group's CTAs makes it, collect k before publish
 //   k + 1, and the group's row loop is uniform.

@@ -36,8 +36,8 @@
 //   same rank-order merge: bitwise the same results as the cluster.
 #pragma once
 
-#include "common/grid_exchange.cuh"
 #include "common/norm_bwd.cuh"
+#include "common/slice_exchange.cuh"
 
 namespace rtcnorm {
 
@@ -64,30 +64,14 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
 
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
-  // A hardware cluster's scratch, or this CTA group's part of p.exchange.
-  // (Three slot sets: collect k - 1 and publish k are not separated by a
-  // row-group barrier here; see common/cluster.cuh.)
-  __shared__ ClusterScratch<kGrid ? 1 : kCl, ROWS, Sum2, 3> cscratch;
+  using Exchange = SliceExchange<kCl, ROWS, TPR, Sum2, kGrid>;
+  __shared__ typename Exchange::Scratch cscratch;
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
-  const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kCl>();
-  unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS, Sum2>(p.exchange, cluster) : nullptr;
-  if constexpr (!kGrid) cluster_exchange_init(cscratch);
-  const int lane = threadIdx.x % TPR;
-  const int group = threadIdx.x / TPR;
-  const int vbase = rank * kVecs;
+  const Exchange ex(cscratch, p.exchange, p.exchange_base, cluster, threadIdx.x / TPR, threadIdx.x % TPR);
+  const int lane = ex.lane;
+  const int group = ex.group;
+  const int vbase = ex.rank * kVecs;
   const long long col0 = 1LL * vbase * VEC;
-  const auto publish = [&](Sum2 v, int call) {
-    if constexpr (kGrid)
-      grid_publish<kCl, ROWS>(v, gex, p.exchange_base, rank, call, group, lane);
-    else
-      cluster_publish<kCl, ROWS, TPR>(v, cscratch, call, group, lane);
-  };
-  const auto collect = [&](int call) {
-    if constexpr (kGrid)
-      return grid_collect<kCl, ROWS, TPR, Sum2>(gex, p.exchange_base, call, group);
-    else
-      return cluster_collect<kCl, ROWS>(Sum2{}, cscratch, call, group);
-  };
   T* dx = static_cast<T*>(p.dx);
   const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
 
@@ -156,11 +140,11 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     }
     s = group_allreduce<TPR, ROWS>(s, scratch);
     if (calls > 0) {
-      const Sum2 done = collect(calls - 1);
-      publish(s, calls);
+      const Sum2 done = ex.collect(calls - 1);
+      ex.publish(s, calls);
       write_dx(pending, pending_stage, done);
     } else {
-      publish(s, calls);
+      ex.publish(s, calls);
     }
     ++calls;
     pending = r;
@@ -170,9 +154,9 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     ring.fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters, p, group, col0, lane);
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
-  if (calls > 0) write_dx(pending, pending_stage, collect(calls - 1));
+  if (calls > 0) write_dx(pending, pending_stage, ex.collect(calls - 1));
 
-  if constexpr (!kGrid) cluster_exit<kCl>(calls);
+  ex.exit(calls);
   __syncthreads();  // the partial-row combine reuses the ring
   constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
   float* pw = p.partial_w + cluster * N + col0;

@@ -209,6 +209,16 @@ __device__ __forceinline__ void prefetch_affine(const NormFwdParams& p, long lon
     prefetch_row<W, VEC, TPR, NV, VECS, true>(static_cast<const W*>(p.bias), col0, lane);
 }
 
+// Whether a slice's LayerNorm moments may merge as equal counts (MeanM2Eq,
+// no division): whole chunks (EVEN), so every thread sums as many elements,
+// in a power of two of warps, which pair off. The meeting and deferred loops
+// both ask here, so their partials are the same bits.
+template <int KIND, int TPR, bool EVEN>
+__device__ constexpr bool equal_count_merge() {
+  constexpr int kWarps = TPR > 32 ? TPR / 32 : 1;
+  return KIND == kLayerNorm && EVEN && (kWarps & (kWarps - 1)) == 0;
+}
+
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
 __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   using Stats = NormStats<KIND>;
@@ -231,9 +241,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   // 512x131072 129.5 -> 109.5 us, 1024x65536 114.1 -> 104.5); a row one CTA
   // caches in registers keeps the general merge where it does not take two
   // passes: its many-row grids ran 1-2% slower with them (16384x7168).
-  constexpr int kWarps = TPR > 32 ? TPR / 32 : 1;
   constexpr bool kOneCtaRegisterRow = kCached && kCl == 1;
-  constexpr bool kEqualCounts = KIND == kLayerNorm && kEven && (kWarps & (kWarps - 1)) == 0 && !kOneCtaRegisterRow;
+  constexpr bool kEqualCounts = equal_count_merge<KIND, TPR, kEven>() && !kOneCtaRegisterRow;
   using Red = typename Select<kEqualCounts, MeanM2Eq, Acc>::type;
   constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;

@@ -32,6 +32,7 @@
 #pragma once
 
 #include "common/norm_fwd.cuh"
+#include "common/slice_exchange.cuh"
 
 namespace rtcnorm {
 
@@ -46,11 +47,7 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
   constexpr int kStages = 2 + static_cast<int>((FLAGS & kRingExtraBits) >> kRingExtraShift);
   constexpr bool kGrid = (FLAGS & kGridExchange) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
-  // As norm_fwd: whole chunks in power-of-two warps merge LayerNorm's moments
-  // as equal counts.
-  constexpr int kWarps = TPR > 32 ? TPR / 32 : 1;
-  constexpr bool kEqualCounts = KIND == kLayerNorm && kEven && (kWarps & (kWarps - 1)) == 0;
-  using Red = typename Select<kEqualCounts, MeanM2Eq, Acc>::type;
+  using Red = typename Select<equal_count_merge<KIND, TPR, kEven>(), MeanM2Eq, Acc>::type;
   static_assert(kCl > 1, "the exchange being deferred is a row's slices'");
   static_assert(kStages >= 3, "one stage being finished, one being summed, one in flight");
   static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");
@@ -59,14 +56,13 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
 
   extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
   __shared__ GroupScratch<TPR, ROWS, Red> scratch;
-  __shared__ ClusterScratch<kGrid ? 1 : kCl, ROWS, Red, 3> cscratch;
+  using Exchange = SliceExchange<kCl, ROWS, TPR, Red, kGrid>;
+  __shared__ typename Exchange::Scratch cscratch;
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
-  const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kCl>();
-  unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS, Red>(p.exchange, cluster) : nullptr;
-  if constexpr (!kGrid) cluster_exchange_init(cscratch);
-  const int lane = threadIdx.x % TPR;
-  const int group = threadIdx.x / TPR;
-  const int vbase = rank * kVecs;
+  const Exchange ex(cscratch, p.exchange, p.exchange_base, cluster, threadIdx.x / TPR, threadIdx.x % TPR);
+  const int lane = ex.lane;
+  const int group = ex.group;
+  const int vbase = ex.rank * kVecs;
   const long long col0 = 1LL * vbase * VEC;
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
@@ -74,18 +70,6 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
   PT* const ring = reinterpret_cast<PT*>(norm_dyn_smem) + group * kVecs;
   const auto stage_at = [&](int s) { return ring + s * ROWS * kVecs; };
 
-  const auto publish = [&](Red v, int call) {
-    if constexpr (kGrid)
-      grid_publish<kCl, ROWS>(v, gex, p.exchange_base, rank, call, group, lane);
-    else
-      cluster_publish<kCl, ROWS, TPR>(v, cscratch, call, group, lane);
-  };
-  const auto collect = [&](int call) {
-    if constexpr (kGrid)
-      return grid_collect<kCl, ROWS, TPR, Red>(gex, p.exchange_base, call, group);
-    else
-      return cluster_collect<kCl, ROWS>(Red{}, cscratch, call, group);
-  };
   // Starts the copies of this thread's vectors of row block rb into stage s
   // (none past the last row) and closes its group of copies: every thread
   // commits one group per call.
@@ -112,7 +96,7 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
     float mean, rstd;
     Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
     if (!r.ok) return;
-    if (lane == 0 && rank == 0) {
+    if (lane == 0 && ex.rank == 0) {
       p.rstd[r.row] = rstd;
       if (KIND == kLayerNorm && p.mean != nullptr) p.mean[r.row] = mean;
     }
@@ -152,11 +136,11 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
     const Acc acc = merge(Stats::empty(), Stats::template of_chunk<T, VEC, NV>(xv, ok));
     const Red red = group_allreduce<TPR, ROWS>(AccAs<Red>::from(acc), scratch);
     if (calls > 0) {
-      const Red done = collect(calls - 1);
-      publish(red, calls);
+      const Red done = ex.collect(calls - 1);
+      ex.publish(red, calls);
       write_y(pending, pending_stage, done);
     } else {
-      publish(red, calls);
+      ex.publish(red, calls);
     }
     ++calls;
     pending = r;
@@ -166,8 +150,8 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
     fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters);
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
-  if (calls > 0) write_y(pending, pending_stage, collect(calls - 1));
-  if constexpr (!kGrid) cluster_exit<kCl>(calls);
+  if (calls > 0) write_y(pending, pending_stage, ex.collect(calls - 1));
+  ex.exit(calls);
 }
 
 }  // namespace rtcnorm

@@ -1,0 +1,63 @@
+// The exchange of a row's column slices in the deferred loops (forward:
+// common/norm_fwd_deferred.cuh, backward: common/norm_bwd_deferred.cuh),
+// which collect call k - 1 and publish call k back to back.
+//
+// Invariants:
+// - The CL slices are a thread-block cluster whose partials are pushed into
+//   each CTA's shared memory (common/cluster.cuh), or with GRID consecutive
+//   CTAs of a cooperative launch whose partials meet as tagged words in
+//   global memory (common/grid_exchange.cuh). Both merge in rank order, so
+//   they give bitwise the same results.
+// - Three slot sets: no row-group barrier separates collect k - 1 from
+//   publish k (common/cluster.cuh gives why two would not do).
+// - Every thread of the CTA constructs the exchange before the first publish
+//   (a cluster's mbarriers are set up there) and calls exit() after the last
+//   collect.
+#pragma once
+
+#include "common/cluster.cuh"
+#include "common/grid_exchange.cuh"
+
+namespace rtcnorm {
+
+template <int CL, int ROWS, int TPR, typename Acc, bool GRID>
+struct SliceExchange {
+  using Scratch = ClusterScratch<GRID ? 1 : CL, ROWS, Acc, 3>;
+  Scratch& scratch;           // the cluster's slots (unused by a grid group)
+  unsigned long long* words;  // GRID: this group's part of p.exchange
+  unsigned tag_base;          // GRID: the launch's p.exchange_base
+  int rank;                   // this CTA's slice of the row
+  int group, lane;            // the thread's row group and place in it
+
+  __device__ __forceinline__ SliceExchange(Scratch& s, unsigned* exchange, unsigned base, long long slice_group,
+                                           int row_group, int group_lane)
+      : scratch(s),
+        words(GRID ? grid_exchange_of<CL, ROWS, Acc>(exchange, slice_group) : nullptr),
+        tag_base(base),
+        rank(GRID ? static_cast<int>(blockIdx.x % CL) : cluster_rank<CL>()),
+        group(row_group),
+        lane(group_lane) {
+    if constexpr (!GRID) cluster_exchange_init(scratch);
+  }
+
+  __device__ __forceinline__ void publish(Acc v, int call) const {
+    if constexpr (GRID)
+      grid_publish<CL, ROWS>(v, words, tag_base, rank, call, group, lane);
+    else
+      cluster_publish<CL, ROWS, TPR>(v, scratch, call, group, lane);
+  }
+
+  __device__ __forceinline__ Acc collect(int call) const {
+    if constexpr (GRID)
+      return grid_collect<CL, ROWS, TPR, Acc>(words, tag_base, call, group);
+    else
+      return cluster_collect<CL, ROWS>(Acc{}, scratch, call, group);
+  }
+
+  // After the last collect; `calls` is the number of publishes.
+  __device__ __forceinline__ void exit(int calls) const {
+    if constexpr (!GRID) cluster_exit<CL>(calls);
+  }
+};
+
+}  // namespace rtcnorm
