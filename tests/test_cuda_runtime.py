@@ -619,6 +619,49 @@ def test_forward_deferred_slices_match_the_meeting_loop(op, m, n, dtype, variant
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
+@pytest.mark.parametrize(
+    ("op", "m", "n", "dtype", "variant", "phase"),
+    [("layer_norm", 300, 12288, torch.bfloat16, "weight_bias", "fwd"),
+     ("layer_norm", 301, 14336, torch.float16, "zero_centered", "fwd"),
+     ("layer_norm", 257, 16384, torch.bfloat16, "mixed", "fwd"),
+     ("layer_norm", 280, 7168, torch.float32, "weight_bias", "fwd"),
+     ("layer_norm", 300, 8192, torch.float32, "bias", "fwd"),
+     ("layer_norm", 1100, 49152, torch.bfloat16, "weight_bias", "fwd"),
+     ("layer_norm", 16387, 512, torch.bfloat16, "mixed", "fwd"),
+     ("rms_norm", 1001, 2560, torch.bfloat16, "weight", "bwd"),
+     ("rms_norm", 997, 1536, torch.float32, "zero_centered", "bwd"),
+     ("layer_norm", 333, 5120, torch.float32, "weight_bias", "bwd")],
+)  # fmt: skip
+def test_register_headroom_bounds(op, m, n, dtype, variant, phase, poison):
+    """Kernels whose launch bounds the register-headroom rules lowered (entry
+    67, sm_90: fewer CTAs an SM so that ptxas need not spill) match the
+    reference contiguous and strided; forward outputs are bitwise those of the
+    previous bounds (the same arithmetic in a different register allocation)."""
+    if op == "rms_norm":
+        x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
+        b = None
+        kwargs = {"elementwise_affine": w is not None}
+    else:
+        x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant)
+        r = None
+        kwargs = {"elementwise_affine": w is not None, "bias": b is not None}
+    kwargs["weight_dtype"] = None if w is None else w.dtype
+
+    def bound():
+        plan = rtcnorm.explain(op, (m, n), dtype, **kwargs)
+        return int((plan["kernel"] if phase == "fwd" else plan["backward"]["kernel"]).split(", ")[-1].rstrip(">"))
+
+    with _tuning.override(reg_headroom=1):
+        before = bound()
+        previous = forward_outputs(op, x, w, b, zcg, r)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert bound() < before
+    poison(4 * x.numel() * x.element_size())
+    for a, c in zip(forward_outputs(op, x, w, b, zcg, r), previous):
+        assert torch.equal(a, c)
+    check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+
+
 # Grid groups in both directions wherever rows are split into column slices.
 GROUP_SHAPES = {"rms_norm": [(300, 32768), (1029, 32768)], "layer_norm": [(1100, 65536), (37, 65536)]}
 

@@ -271,6 +271,10 @@ def test_explain_forward_deferred_slices_rule(op, shape, dtype, deferred):
         assert plan["grid_exchange"] and plan["cluster"] == 1 and slices > 1, plan
         assert plan["persistent"] and plan["mode"] == "static_persistent"
         assert plan["smem"] == 3 * plan["rows_per_cta"] * (n // slices) * esize
+        # The text says where the slice lives: the ring, not registers.
+        slice_kb = (n // slices) * esize // 1024
+        assert plan["reason"].startswith(f"row slice of {slice_kb} KB staged in shared memory"), plan["reason"]
+        assert "fits in registers" not in plan["reason"] and "in registers" in off["reason"]
         with _tuning.override(fwd_ring_stages=1):  # below the kernel's 3 stages: 3
             assert rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")["kernel"] == plan["kernel"]
         assert flags & STREAM_STORE and not flags & PREFETCH_NEXT
@@ -292,6 +296,54 @@ def test_explain_forward_deferred_slices_rule(op, shape, dtype, deferred):
             forced = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90")
             assert kernel_flags(forced["kernel"]) & STAGED_DEFERRED == STAGED_DEFERRED, forced
             assert forced["persistent"] and forced["smem"] > 0
+
+
+def launch_blocks(kernel: str) -> int:
+    """The CTAs per SM a kernel key's launch bounds ask for (its last argument)."""
+    return int(kernel.split(", ")[-1].rstrip(">"))
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "wdtype", "phase", "blocks", "before"),
+    [
+        ("layer_norm", (4096, 12288), "bf16", None, "fwd", 3, 4),  # 192 threads: 96 registers, not 80
+        ("layer_norm", (4096, 14336), "bf16", None, "fwd", 2, 4),  # 224 threads at 3 leave 80
+        ("layer_norm", (4096, 16384), "bf16", "fp32", "fwd", 2, 4),
+        ("layer_norm", (512, 131072), "bf16", "fp32", "fwd", 2, 4),  # a slice beside float32 gamma
+        ("layer_norm", (512, 131072), "bf16", None, "fwd", 4, 4),  # same-dtype slices keep theirs
+        ("layer_norm", (16384, 7168), "fp32", None, "fwd", 3, 4),  # float32 rows: 80 registers
+        ("layer_norm", (4096, 8192), "fp32", None, "fwd", 2, 4),  # shared-memory row, 128-byte chunks
+        ("layer_norm", (4096, 49152), "bf16", None, "fwd", 1, 2),  # 256-byte chunks: 160 registers
+        ("layer_norm", (1024, 65536), "fp32", None, "fwd", 4, 4),  # shared-memory slices keep theirs
+        ("layer_norm", (65536, 512), "bf16", "fp32", "fwd", 2, 4),  # narrow rows beside float32 gamma
+        ("layer_norm", (4096, 4096), "bf16", None, "fwd", 8, 8),  # 128-thread CTAs: their own rule
+        ("rms_norm", (4096, 16384), "bf16", None, "fwd", 4, 4),
+        ("rms_norm", (4096, 2560), "bf16", None, "bwd", 1, 2),  # two CTAs leave 64 registers, 80 needed
+        ("rms_norm", (4096, 1536), "bf16", None, "bwd", 1, 2),
+        ("rms_norm", (4096, 3072), "bf16", None, "bwd", 2, 2),  # two leave 80
+        ("rms_norm", (4096, 2560), "fp32", None, "bwd", 1, 2),
+        ("layer_norm", (4096, 5120), "fp32", None, "bwd", 1, 2),  # float32 x, dy, dW, dB: 104
+        ("layer_norm", (4096, 5120), "bf16", None, "bwd", 2, 2),
+    ],
+)
+def test_explain_register_headroom(op, shape, dtype, wdtype, phase, blocks, before):
+    """Launch bounds leave the registers a row needs (entry 67): LayerNorm
+    forward rows of more than 80 bytes a thread in CTAs past 128 threads, its
+    shared-memory chunks and narrow rows beside float32 gamma, and backward
+    CTAs of at most 16 cached elements a thread, take fewer CTAs an SM where
+    ptxas spilled them at the previous bound (kept by reg_headroom=1), counting
+    registers per partition (a 224-thread CTA at 3 an SM gets 80, not 96)."""
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+    def bounds():
+        plan = rtcnorm.explain(op, shape, dt[dtype], device="cpu", arch="sm_90", weight_dtype=dt.get(wdtype))
+        return launch_blocks(plan["kernel"] if phase == "fwd" else plan["backward"]["kernel"])
+
+    assert bounds() == blocks
+    with _tuning.override(reg_headroom=1):
+        assert bounds() == before
+    with _tuning.override(fwd_min_blocks=before, bwd_min_blocks=before):  # an explicit bound wins
+        assert bounds() == before
 
 
 AHEAD = "prefetches into L2 the row a device-full of CTAs ahead"

@@ -32,6 +32,24 @@ std::string column_reduce_expression(const KernelKey& k) {
 // gets 32 registers and spills its cached row (measured: 3478 -> 1487 GB/s).
 int min_blocks_for(int threads, int requested) { return std::max(1, std::min(requested, 1024 / threads)); }
 
+// Registers a thread may use when `blocks` CTAs of `threads` share an SM, as
+// ptxas caps them for those launch bounds (sm_80-sm_100): the register file
+// is four partitions of 16384, a CTA's warps spread over them round-robin,
+// and a warp takes registers in steps of 8 a thread, at most 255. (224-thread
+// CTAs at 3 an SM: 21 warps, 6 on the fullest partition, 80 registers.)
+static int regs_at(int threads, int blocks) {
+  const int warps = ((threads + 31) / 32) * std::max(1, blocks);
+  const int per_partition = (warps + 3) / 4;
+  return std::min(255, 16384 / (per_partition * 32) / 8 * 8);
+}
+
+// The most CTAs per SM, at most `blocks`, whose launch bounds leave `need`
+// registers a thread (at least one CTA).
+static int blocks_leaving(int threads, int blocks, int need) {
+  while (blocks > 1 && regs_at(threads, blocks) < need) --blocks;
+  return std::max(1, blocks);
+}
+
 // Launch-bounds CTAs per SM for a kernel whose CTAs each take `smem` bytes of
 // dynamic shared memory: no more than fit the opt-in budget, at least one.
 static int smem_capped_blocks(int min_blocks, int64_t smem, int arch) {
@@ -294,6 +312,8 @@ static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool
 }
 
 // explain() text of the forward's grid (with_fwd_grid_exchange rewrites it).
+// The opening of a register-cached row's text (with_fwd_deferred rewrites it).
+constexpr const char* kRegisterRowWhy = "row fits in registers (";
 constexpr const char* kPersistentGridWhy = "; grid = SMs x occupancy";
 constexpr const char* kMultiWaveGridWhy = "; grid = one CTA per row block";
 constexpr const char* kPrefetchAheadWhy =
@@ -394,6 +414,23 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
     reg_blocks = rows >= 2 || rms_fp32_row ? 8 : 7;
   else if (full_cta_row && p.kind == kLayerNorm && wsize == 4)
     reg_blocks = esize == 4 ? 6 : 5;
+  // LayerNorm rows of more than 80 bytes a thread in CTAs past 128 threads,
+  // where 4 CTAs an SM leave 64-80 registers: ptxas spills 16-bit rows there
+  // (N = 12288, 192 threads, 80 registers: 88 bytes; 96 fit), and more so
+  // beside float32 gamma and beta (N = 16384, 256 threads: 264 bytes at 64,
+  // 124 at 80); float32 rows spill 148 bytes at 72 (N = 7168, 224 threads)
+  // and 48 at 80, which ran fastest. They take the most CTAs that leave 96
+  // registers (float32 rows: 80). H100 kernel-only, us (benchmarks/NOTES.md
+  // entry 67): bf16 4096x12288 86.0 -> 71.8, 4096x14336 135.4 -> 94.0 (two
+  // CTAs an SM: a persistent grid), float32 16384x7168 492.5 -> 346.1, bf16
+  // rows with float32 gamma/beta 4096x16384 207.3 -> 98.5, 512x131072 208.3
+  // -> 149.0. Column-cluster slices of same-dtype rows do not spill at 64
+  // and lost 20% at two CTAs an SM (bf16 512x131072 105.1 -> 127.9), so
+  // only slices beside float32 gamma and beta take it.
+  const bool slice_ok = !cluster_slice || (esize == 2 && wsize == 4);
+  if (reg_blocks == 4 && p.kind == kLayerNorm && !p.residual && thread_bytes > 80 && tpr * rows > 128 && slice_ok &&
+      t.reg_headroom != 1)
+    reg_blocks = blocks_leaving(tpr * rows, reg_blocks, esize == 4 ? 80 : 96);
   const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
   // at N = 6144 taking 168 registers) LayerNorm's multi-wave grid has too few
@@ -451,11 +488,11 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
           << std::min(nv_row, smem_vecs) * vec << " elements per thread in registers at a time";
     } else if (low_residency && !ahead_rule) {
       mode = NormMode::kStaticPersistent;
-      why << "row fits in registers (" << nv_row * vec << " elements per thread) but launch bounds guarantee only "
+      why << kRegisterRowWhy << nv_row * vec << " elements per thread) but launch bounds guarantee only "
           << reg_min_blocks * tpr * rows << " threads per SM: persistent CTAs prefetch their next row into L2";
     } else {
       mode = NormMode::kMultiWaveCached;
-      why << "row fits in registers (" << nv_row * vec << " elements per thread): read x once";
+      why << kRegisterRowWhy << nv_row * vec << " elements per thread): read x once";
       if (kFwdVecsTarget == kLatencyVecs && t.fwd_vecs_target == 0 && nv_row < kWideVecs)
         why << "; few rows (latency-bound): " << nv_row << " vectors per thread rather than " << kWideVecs;
     }
@@ -499,6 +536,23 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool wide_affine = in_smem && p.has_bias && jit::element_size(p.wdtype) > esize;
   int min_blocks = in_regs && !narrow ? reg_min_blocks : pick(t.fwd_min_blocks, wide_affine ? 1 : 4);
   if (in_smem) min_blocks = smem_capped_blocks(min_blocks, static_cast<int64_t>(plan.smem), arch);
+  // A LayerNorm chunk of a shared-memory row (nv vectors a thread) with its
+  // gamma, beta and sums needs about one register per 2 bytes of the chunk
+  // and 32 more: ptxas spilled 120-172 bytes at 64-80 (bf16 N = 49152, 384
+  // threads, 256-byte chunks; float32 24576; float32 8192, 256 threads,
+  // 128-byte chunks at 4 CTAs an SM). H100 kernel-only, us (entry 67): bf16
+  // 4096x49152 434.3 -> 337.1, float32 1024x24576 118.2 -> 81.6, float32
+  // 4096x8192 137.2 -> 92.8, 16384x8192 537.2 -> 357.0. Column-cluster
+  // slices (float32 1024x65536) lost 17% there and keep their bounds.
+  if (in_smem && !cluster_slice && p.kind == kLayerNorm && t.fwd_min_blocks == 0 && t.reg_headroom != 1)
+    min_blocks = blocks_leaving(tpr * rows, min_blocks, nv * vec * esize / 2 + 32);
+  // Narrow 16-bit LayerNorm rows beside float32 gamma and beta, 64 elements
+  // a thread, spill 280 bytes at 4 CTAs an SM (64 registers) like the wide
+  // rows above, and take the same 96 (entry 67: 65536x512 105.5 -> 50.6 us,
+  // 16384x512, a persistent grid, 28.0 -> 15.7).
+  if (in_regs && narrow && p.kind == kLayerNorm && esize == 2 && jit::element_size(p.wdtype) == 4 &&
+      nv * vec * esize > 80 && t.fwd_min_blocks == 0 && t.reg_headroom != 1)
+    min_blocks = blocks_leaving(tpr * rows, min_blocks, 96);
   k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, min_blocks));
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
@@ -742,7 +796,29 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // 47-57% of copy; one an SM, H100 kernel-only, bf16 (benchmarks/NOTES.md
   // entry 65): 4096x12288 179.5 -> 125.9 us, 4096x14336 257.4 -> 152.0,
   // 64x12288 14.5 -> 12.0; 320 threads (10240, 102 registers) keep two.
-  const bool two_fit = threads < 512 && !terms_need_one && regs_fit_at(2, p.kind == kRmsNorm ? 2 * elems + 32 : 96);
+  // Rows of at most 16 cached elements a thread without kept terms spilled
+  // at the estimates above where two CTAs leave few registers (ptxas,
+  // sm_90): 16-bit RMSNorm at 64 and 72 registers (N = 1536, 2560: 56
+  // bytes; 3584: 28), float32 RMSNorm at 64-80 (152-280 bytes), float32
+  // LayerNorm with dW and dB at 96 (N = 5120: 120 bytes). Those need 80 (16-bit
+  // RMSNorm), 112 (float32 RMSNorm) and, for LayerNorm's float32 rows, the
+  // row's x and dy as floats beside both gradient sets and 40 more, counted
+  // on the partitions' registers (regs_at). H100 kernel-only, us (entry 67):
+  // bf16 RMSNorm 4096x2560 47.0 -> 38.7, 4096x1536 31.5 -> 25.7, 4096x3584
+  // 56.4 -> 42.8; float32 4096x2560 125.3 -> 58.8, 16384x5120 383.0 ->
+  // 348.0; float32 LayerNorm 16384x5120 467.5 -> 345.7, 4096x9216 267.2 ->
+  // 174.4.
+  int two_need = p.kind == kRmsNorm ? 2 * elems + 32 : 96;
+  bool two_fits_regs = regs_fit_at(2, two_need);
+  if (elems <= 16 && t.reg_headroom != 1) {
+    const bool fp32_row = jit::element_size(p.dtype) == 4;
+    if (p.kind == kRmsNorm)
+      two_need = fp32_row ? 112 : 80;
+    else if (fp32_row)
+      two_need = std::max(two_need, 2 * elems + accums * elems + 40);
+    two_fits_regs = two_need <= regs_at(threads, 2);
+  }
+  const bool two_fit = threads < 512 && !terms_need_one && two_fits_regs;
   const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1));
   // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
   // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
@@ -1084,6 +1160,14 @@ static NormFwdPlan with_fwd_deferred(NormFwdPlan plan, const NormProblem& p, Nor
   plan.mode = NormMode::kStaticPersistent;
   plan.prefetch_ahead = false;
   if (explain) {
+    // The layout's opening clause described a slice held in registers; the
+    // slice now lives in the ring, and registers hold one row block's sum.
+    if (plan.reason.rfind(kRegisterRowWhy, 0) == 0) {
+      const size_t end = plan.reason.find("; ");
+      plan.reason.replace(0, end == std::string::npos ? plan.reason.size() : end,
+                          "row slice of " + std::to_string(stage_bytes / plan.key.rows_per_cta / 1024) +
+                              " KB staged in shared memory, not registers: read x once");
+    }
     replace_phrase(plan.reason, kMultiWaveGridWhy, kPersistentGridWhy);
     plan.reason += std::string("; the group is ") + std::to_string(slices) +
                    (group ? " consecutive CTAs of a persistent cooperative launch" : " CTAs of a persistent cluster") +

@@ -120,6 +120,9 @@ struct NormTuning {
   // later (kDeferStats, a persistent grid); stages of that ring, 3-5.
   int fwd_defer_stats = 0;
   int fwd_ring_stages = 0;
+  // Forward and backward launch bounds: 1 = the bounds before the register
+  // headroom rules (norm_plan.cpp, blocks_leaving / regs_at), for A/B runs.
+  int reg_headroom = 0;
 };
 
 NormTuning& norm_tuning();
