@@ -518,6 +518,21 @@ def forward_outputs(op, x, w, b, zcg, r):
     return OPS.rms_norm(x, [n], w, None, None, zcg)
 
 
+def op_inputs(op, m, n, dtype, variant, shift=0.0):
+    """x, w, b, zcg, r of an m x n case on the GPU (LayerNorm's x shifted by
+    `shift`), and the explain() keywords that describe them."""
+    if op == "rms_norm":
+        x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
+        b = None
+        kwargs = {"elementwise_affine": w is not None}
+    else:
+        x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=shift)
+        r = None
+        kwargs = {"elementwise_affine": w is not None, "bias": b is not None}
+    kwargs.update(residual=r is not None, weight_dtype=None if w is None else w.dtype)
+    return x, w, b, zcg, r, kwargs
+
+
 @needs_clusters
 @pytest.mark.parametrize(
     ("op", "m", "n", "dtype", "variant", "cluster", "forced"),
@@ -539,17 +554,7 @@ def test_forward_grid_groups_match_the_cluster_exchange(op, m, n, dtype, variant
     blocks with a tail past M, three-warp slices whose LayerNorm moments merge
     by the general formula (24576 in 4 slices), a residual, a bias alone."""
     shift = 0.0 if dtype == torch.float32 or variant == "mixed" else 100.0
-    if op == "rms_norm":
-        x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
-        b = None
-    else:
-        x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=shift)
-        r = None
-    kwargs = {"residual": r is not None, "weight_dtype": None if w is None else w.dtype}
-    if op == "layer_norm":
-        kwargs.update(elementwise_affine=w is not None, bias=b is not None)
-    else:
-        kwargs.update(elementwise_affine=w is not None)
+    x, w, b, zcg, r, kwargs = op_inputs(op, m, n, dtype, variant, shift)
     with _tuning.override(fwd_cluster=cluster, fwd_grid_exchange=1):
         hw = rtcnorm.explain(op, (m, n), dtype, **kwargs)
         assert hw["cluster"] > 1 and not hw["grid_exchange"], hw
@@ -592,15 +597,7 @@ def test_forward_deferred_slices_match_the_meeting_loop(op, m, n, dtype, variant
     many row blocks a group, a tail past M, 16 slices) and forced ones: a
     hardware cluster, rings of 4 and 5 stages, LayerNorm's moments (equal
     counts, and three-warp slices merging by the general formula)."""
-    if op == "rms_norm":
-        x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
-        b = None
-        kwargs = {"elementwise_affine": w is not None}
-    else:
-        x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant, shift=0.0 if variant == "mixed" else 100.0)
-        r = None
-        kwargs = {"elementwise_affine": w is not None, "bias": b is not None}
-    kwargs["weight_dtype"] = None if w is None else w.dtype
+    x, w, b, zcg, r, kwargs = op_inputs(op, m, n, dtype, variant, 0.0 if variant == "mixed" else 100.0)
     base = {k: v for k, v in tuning.items() if k in ("fwd_cluster", "fwd_grid_exchange")}
     with _tuning.override(fwd_defer_stats=1, **base):
         meeting = rtcnorm.explain(op, (m, n), dtype, **kwargs)
@@ -637,15 +634,7 @@ def test_register_headroom_bounds(op, m, n, dtype, variant, phase, poison):
     67, sm_90: fewer CTAs an SM so that ptxas need not spill) match the
     reference contiguous and strided; forward outputs are bitwise those of the
     previous bounds (the same arithmetic in a different register allocation)."""
-    if op == "rms_norm":
-        x, w, zcg, r = rms_inputs((m, n), [n], dtype, "cuda", variant)
-        b = None
-        kwargs = {"elementwise_affine": w is not None}
-    else:
-        x, w, b, zcg = ln_inputs((m, n), [n], dtype, "cuda", variant)
-        r = None
-        kwargs = {"elementwise_affine": w is not None, "bias": b is not None}
-    kwargs["weight_dtype"] = None if w is None else w.dtype
+    x, w, b, zcg, r, kwargs = op_inputs(op, m, n, dtype, variant)
 
     def bound():
         plan = rtcnorm.explain(op, (m, n), dtype, **kwargs)
