@@ -303,6 +303,31 @@ def test_cluster_exchange_over_many_row_blocks(op, cluster, poison):
 
 
 @needs_clusters
+@pytest.mark.parametrize(
+    ("op", "m", "variant"),
+    [("rms_norm", 1, "weight"), ("rms_norm", 37, "residual"), ("rms_norm", 300, "zero_centered"),
+     ("rms_norm", 133, "no_weight"), ("layer_norm", 1, "weight_bias"), ("layer_norm", 300, "bias"),
+     ("layer_norm", 37, "zero_centered")],
+)  # fmt: skip
+def test_float32_rows_of_131072_on_16_cta_clusters(op, m, variant, poison):
+    """float32 rows of 131072 run their backward on sm_90's 16-CTA clusters
+    (slices of 8192, 16 elements a thread: benchmarks/NOTES.md entry 68)
+    rather than 8 spilling slices or the split design; forward and backward
+    match the reference, contiguous and row-strided, and dW / dB are the same
+    bits on every run."""
+    n, dtype = 131072, torch.float32
+    plan = rtcnorm.explain(op, (m, n), dtype, residual=variant == "residual")["backward"]
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert plan["column_slices"] == 16 and not plan["split"] and plan["cached_row"], plan
+    check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+    t = make(op, (m, n), dtype)
+    first = run(op, t)
+    again = run(op, t)
+    for name in first:
+        assert torch.equal(again[name], first[name]), name
+
+
+@needs_clusters
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_cluster_weight_grads_are_bitwise_reproducible_and_match_one_cta(op):
     """The cluster backward's dW/dB are the same bits on every run, and agree

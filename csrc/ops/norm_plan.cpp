@@ -1336,6 +1336,22 @@ static bool bwd16_measured_slice(const NormBwdPlan& sp) {
   return sp.cached && sp.key.vecs_per_thread * sp.key.vec == kBwd16CacheElems;
 }
 
+// float32 rows of 131072 elements: slices of 16384 on a cluster of 8 hold
+// 32 elements a thread of x, dy and dW, and ptxas spilled 336-380 bytes
+// (RMSNorm, 128 registers; LayerNorm's were not cached at all and ran the
+// split design). On sm_90's 16-CTA clusters the slices are 8192 wide, 16
+// elements a thread on 512 threads, and keep their terms with no spill.
+// H100 kernel-only, float32, us (benchmarks/NOTES.md entry 68): RMSNorm
+// 1x131072 15.0 -> 6.3, 32x 57.0 -> 35.6, 256x 261.2 -> 162.6, 512x 483.9 ->
+// 310.6, 2048x 1879.4 -> 1196.7; LayerNorm (from split) 1x 27.3 -> 7.4, 32x
+// 50.8 -> 42.6, 512x 490.6 -> 306.7, 2048x 1865.3 -> 1187.8. At 98304
+// (6144-wide slices on 384 threads) it lost 10-56% (RMSNorm 512x 263.9 ->
+// 385.9, LayerNorm 369.8 -> 397.0), so it keeps to slices of exactly 8192.
+static bool float32_cluster16_rule(const NormProblem& p, int64_t nvec, int wide_cl) {
+  return jit::element_size(p.dtype) == 4 && wide_cl > kMaxCluster && p.hidden == wide_cl * kBwdSliceElems &&
+         nvec % wide_cl == 0;
+}
+
 // The column-slice plan of plan_bwd_layout: slices of a row across CTAs of a
 // cluster (or grid group), deferred where `defer`. `pair_allowed` = false
 // plans two gradient sets in slices of 8192 where they would pair.
@@ -1356,6 +1372,7 @@ static NormBwdPlan plan_bwd_slices(const NormProblem& p, bool want_dw, bool want
   const int wide_cl = max_cluster_on(arch);
   if (forced == 0 && defer && wide_cl > kMaxCluster && p.hidden >= kBwd16Cluster16MinElems && nvec % wide_cl == 0)
     cl = wide_cl;
+  if (forced == 0 && !wide16 && float32_cluster16_rule(p, nvec, wide_cl)) cl = wide_cl;
   if (forced == 0 && pair && wide_cl > kMaxCluster) {
     const bool many_rows = p.rows >= kBwd16PairManyRowsMin && p.hidden < kBwd16DeferPairMaxBoth;
     if (many_rows && nvec % kBwd16PairManyRowsCluster == 0)
