@@ -117,6 +117,25 @@ const char* unresolved_grid(const jit::KernelKey& k, bool capped) {
   return capped ? "SMs x occupancy, at most max_ctas (resolved at launch)" : "SMs x occupancy (resolved at launch)";
 }
 
+// ptxas' registers and spill bytes of a planned kernel (explain's
+// resources=True), compiled for the key's arch without a GPU; None where
+// NVRTC emits only PTX for that arch.
+py::object ptxas_dict(const jit::KernelKey& k) {
+  jit::PtxasUsage u;
+  {
+    py::gil_scoped_release release;
+    u = jit::ptxas_usage(k);
+  }
+  if (!u.reported) return py::none();
+  py::dict d;
+  d["target"] = u.target;
+  d["registers"] = u.registers;
+  d["spill_stores"] = u.spill_stores;
+  d["spill_loads"] = u.spill_loads;
+  d["stack_frame"] = u.stack_frame;
+  return d;
+}
+
 py::dict stats_dict() {
   const jit::JitStats s = jit::stats();
   py::dict d;
@@ -153,7 +172,7 @@ std::vector<std::string> precompile(const std::string& op, const std::vector<std
 
 py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
-                      bool zero_centered, bool residual, int device, int sm_count, int arch) {
+                      bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources) {
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
   p.dtype = parse_dtype(dtype);
@@ -191,6 +210,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   d["column_slices"] = column_slices(f.key.flags);
   d["sm_count"] = sm_count;
   d["arch"] = "sm_" + std::to_string(arch);
+  if (resources) d["ptxas"] = ptxas_dict(f.key);
   if (device >= 0 && rows > 0) {
     const jit::LoadedKernel& k = jit::get_kernel(f.key, device, jit::current_stream(device), f.smem);
     d["blocks_per_sm"] = k.blocks_per_sm;
@@ -206,11 +226,13 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["split"] = b.split;
   if (b.split) {
     bd["coef_kernel"] = b.coef_key.name_expression();
+    if (resources) bd["coef_ptxas"] = ptxas_dict(b.coef_key);
     const SplitGrid g = split_grid(b, rows, sm_count);
     bd["grid"] = py::make_tuple(g.col_tiles, g.row_tiles);
     bd["rows_per_tile"] = g.rows_per_tile;
   }
   bd["kernel"] = b.key.name_expression();
+  if (resources) bd["ptxas"] = ptxas_dict(b.key);
   bd["block"] = b.key.threads();
   bd["cluster"] = b.key.cluster;
   bd["row_cluster"] = (b.key.flags & kRowClusterBits) != 0;
@@ -253,7 +275,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
 }
 
 py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch,
-                         int64_t mask_bcast, int sm_count, int64_t sq) {
+                         int64_t mask_bcast, int sm_count, int64_t sq, bool resources) {
   if (sm_count < 1) throw py::value_error("rtcnorm.softmax.explain: sm_count must be at least 1");
   SoftmaxProblem p;
   p.sm_count = sm_count;
@@ -281,6 +303,7 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
     e["cached_row"] = plan.cached;
     e["persistent"] = plan.persistent;
     e["grid"] = plan.persistent ? py::cast(describe_grid(plan)) : py::cast(fixed_grid(plan));
+    if (resources) e["ptxas"] = ptxas_dict(plan.key);
     d[backward ? "backward" : "forward"] = e;
   }
   d["op"] = op;
@@ -333,7 +356,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_advance_grid_exchange_tags",
         [](int device, uint32_t next) { advance_grid_exchange_tags(device, jit::current_stream(device), next); });
   m.def("explain_softmax", &explain_softmax, py::arg("op"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
-        py::arg("arch"), py::arg("mask_bcast") = false, py::arg("sm_count") = 132, py::arg("sq") = 0);
+        py::arg("arch"), py::arg("mask_bcast") = false, py::arg("sm_count") = 132, py::arg("sq") = 0,
+        py::arg("resources") = false);
   m.def("_softmax_tuning", [] {
     py::dict d;
     for (int i = 0; i < kNumSoftmaxTunables; ++i)

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -194,24 +195,24 @@ std::vector<std::string> compile_options(int arch, std::string* target, bool* is
   return opts;
 }
 
-CompiledKernel compile_kernel(const KernelKey& key) {
-  const LoadedNvrtc& n = loaded();
+namespace {
+
+// Creates and compiles key's program with `opts`; throws with NVRTC's log on
+// failure. The guard owns the program.
+void compile_program(const LoadedNvrtc& n, const KernelKey& key, const std::vector<std::string>& opts,
+                     const std::string& target, ProgramGuard& guard) {
   const NvrtcApi& api = n.api;
-  CompiledKernel out;
-  const std::vector<std::string> opts = compile_options(key.arch, &out.target, &out.is_cubin);
   const std::string expr = key.name_expression();
   const std::string source = std::string("#include \"") + key.family->header + "\"\n";
-
   std::vector<const char*> names, texts;
   for (int i = 0; i < kNumEmbeddedSources; ++i) {
     names.push_back(kEmbeddedSources[i].name);
     texts.push_back(kEmbeddedSources[i].text);
   }
-  ProgramGuard guard{api};
   auto fail = [&](const char* step, nvrtcResult r, const std::string& log) {
     std::ostringstream os;
     os << "rtcnorm: NVRTC " << step << " failed (" << api.nvrtcGetErrorString(r) << ") for kernel " << key.describe()
-       << "\n  instantiation: " << expr << "\n  target: " << out.target << "\n  NVRTC " << n.info.major << "."
+       << "\n  instantiation: " << expr << "\n  target: " << target << "\n  NVRTC " << n.info.major << "."
        << n.info.minor << " at " << n.info.path << ", CUDA driver " << driver_version_string() << "\n  log:\n"
        << log;
     TORCH_CHECK(false, os.str());
@@ -225,11 +226,58 @@ CompiledKernel compile_kernel(const KernelKey& key) {
   for (const auto& o : opts) copts.push_back(o.c_str());
   r = api.nvrtcCompileProgram(guard.prog, static_cast<int>(copts.size()), copts.data());
   if (r != 0) fail("compilation", r, program_log(api, guard.prog));
-  if (jit_verbose()) std::fprintf(stderr, "rtcnorm jit: %s\n%s\n", expr.c_str(), program_log(api, guard.prog).c_str());
+}
 
+// The number before `what` on the line of ptxas' report that holds it, or -1.
+int report_number(const std::string& log, const std::string& what) {
+  const size_t at = log.find(what);
+  if (at == std::string::npos) return -1;
+  size_t begin = at;
+  while (begin > 0 && log[begin - 1] == ' ') --begin;
+  size_t digits = begin;
+  while (digits > 0 && std::isdigit(static_cast<unsigned char>(log[digits - 1]))) --digits;
+  return digits == begin ? -1 : std::atoi(log.c_str() + digits);
+}
+
+}  // namespace
+
+PtxasUsage ptxas_usage(const KernelKey& key) {
+  const LoadedNvrtc& n = loaded();
+  std::string target;
+  bool is_cubin = false;
+  std::vector<std::string> opts = compile_options(key.arch, &target, &is_cubin);
+  PtxasUsage u;
+  u.target = target;
+  if (!is_cubin) return u;  // PTX for the driver to finish: no ptxas report here
+  if (std::find(opts.begin(), opts.end(), "--ptxas-options=-v") == opts.end()) opts.emplace_back("--ptxas-options=-v");
+  ProgramGuard guard{n.api};
+  compile_program(n, key, opts, target, guard);
+  const std::string log = program_log(n.api, guard.prog);
+  u.registers = report_number(log, "registers");
+  u.spill_stores = report_number(log, "bytes spill stores");
+  u.spill_loads = report_number(log, "bytes spill loads");
+  u.stack_frame = report_number(log, "bytes stack frame");
+  u.reported = u.registers >= 0 && u.spill_stores >= 0 && u.spill_loads >= 0;
+  TORCH_CHECK(u.reported, "rtcnorm: no ptxas resource report for ", key.name_expression(), " (", target, "):\n", log);
+  return u;
+}
+
+CompiledKernel compile_kernel(const KernelKey& key) {
+  const LoadedNvrtc& n = loaded();
+  const NvrtcApi& api = n.api;
+  CompiledKernel out;
+  const std::vector<std::string> opts = compile_options(key.arch, &out.target, &out.is_cubin);
+  const std::string expr = key.name_expression();
+  ProgramGuard guard{api};
+  compile_program(n, key, opts, out.target, guard);
+  if (jit_verbose()) std::fprintf(stderr, "rtcnorm jit: %s\n%s\n", expr.c_str(), program_log(api, guard.prog).c_str());
+  auto fail = [&](const char* step, nvrtcResult r) {
+    TORCH_CHECK(false, "rtcnorm: NVRTC ", step, " failed (", api.nvrtcGetErrorString(r), ") for kernel ",
+                key.describe(), "\n  instantiation: ", expr, "\n  target: ", out.target);
+  };
   const char* lowered = nullptr;
-  r = api.nvrtcGetLoweredName(guard.prog, expr.c_str(), &lowered);
-  if (r != 0 || lowered == nullptr) fail("lowered-name lookup", r, "");
+  nvrtcResult r = api.nvrtcGetLoweredName(guard.prog, expr.c_str(), &lowered);
+  if (r != 0 || lowered == nullptr) fail("lowered-name lookup", r);
   out.lowered_name = lowered;
   size_t size = 0;
   if (out.is_cubin) {
@@ -245,7 +293,7 @@ CompiledKernel compile_kernel(const KernelKey& key) {
       r = api.nvrtcGetPTX(guard.prog, out.image.data());
     }
   }
-  if (r != 0 || out.image.empty()) fail("output retrieval", r, "");
+  if (r != 0 || out.image.empty()) fail("output retrieval", r);
   return out;
 }
 

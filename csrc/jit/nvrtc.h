@@ -39,6 +39,19 @@ struct CompiledKernel {
 // compiling: part of the disk-cache key.
 std::vector<std::string> compile_options(int arch, std::string* target, bool* is_cubin);
 
+// ptxas' resource report for key's instantiation on key.arch, compiled
+// afresh (no cache, no GPU). `reported` is false where NVRTC only emits PTX
+// for that arch (the driver runs the final compile).
+struct PtxasUsage {
+  std::string target;
+  bool reported = false;
+  int registers = -1;     // a thread
+  int spill_stores = -1;  // bytes a thread
+  int spill_loads = -1;
+  int stack_frame = -1;
+};
+PtxasUsage ptxas_usage(const KernelKey& key);
+
 // Compiles key's instantiation for key.arch. Throws on failure with the NVRTC
 // log, the key and the NVRTC / driver versions.
 CompiledKernel compile_kernel(const KernelKey& key);

@@ -95,6 +95,7 @@ def explain(
     device: torch.device | str | int | None = None,
     sm_count: int = 132,
     arch: str = "sm_90",
+    resources: bool = False,
 ) -> dict:
     """Return the forward and backward launch plan for a norm call, and why.
 
@@ -102,6 +103,13 @@ def explain(
     (default: the last dim). With a CUDA device (the current one by default,
     when present) the kernel is loaded to report its real occupancy and grid;
     without one the plan is made for ``sm_count`` SMs of ``arch``.
+
+    ``resources=True`` also compiles each planned kernel afresh for that arch
+    (no GPU needed, nothing cached) and adds ptxas' report under ``"ptxas"``
+    (forward), ``["backward"]["ptxas"]`` and, for a split backward,
+    ``["backward"]["coef_ptxas"]``: ``registers`` a thread, ``spill_stores``,
+    ``spill_loads`` and ``stack_frame`` in bytes a thread. The value is None
+    where NVRTC emits only PTX for the arch (the driver compiles it at load).
     """
     if op not in _OPS:
         raise ValueError(f"rtcnorm.explain: op must be one of {_OPS}, got {op!r}")
@@ -146,4 +154,5 @@ def explain(
         dev_index,
         int(sm_count),
         int(arch.removeprefix("sm_")),
+        bool(resources),
     )

@@ -140,7 +140,14 @@ def _mask_bcast(mask_shape, shape) -> int:
 
 
 def explain(
-    op: str, shape, dtype: torch.dtype = torch.bfloat16, *, arch: str = "sm_90", mask_shape=None, sm_count: int = 132
+    op: str,
+    shape,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    arch: str = "sm_90",
+    mask_shape=None,
+    sm_count: int = 132,
+    resources: bool = False,
 ) -> dict:
     """The forward and backward launch plans of a softmax op for an input of ``shape``, and why.
 
@@ -150,7 +157,10 @@ def explain(
     such as heads. The plan is made for ``sm_count`` SMs (132: H100 SXM);
     it matters only to grids of at most one row per SM (decode), which take
     a CTA per row, or on sm_90+ split long rows over a thread-block cluster
-    (the ``cluster`` field). Needs no GPU.
+    (the ``cluster`` field). Needs no GPU. ``resources=True`` compiles each
+    planned kernel afresh and adds ptxas' report (``registers`` a thread,
+    ``spill_stores``, ``spill_loads``, ``stack_frame`` in bytes) under each
+    phase's ``"ptxas"``, as ``rtcnorm.explain`` does.
     """
     shape = [int(s) for s in shape]
     if not shape:
@@ -163,4 +173,6 @@ def explain(
 
     arch_number = int(str(arch).lower().removeprefix("sm_"))
     sq = shape[-2] if len(shape) >= 2 else 0
-    return _C.explain_softmax(op, rows, shape[-1], dtype_name(dtype), arch_number, bcast, int(sm_count), sq)
+    return _C.explain_softmax(
+        op, rows, shape[-1], dtype_name(dtype), arch_number, bcast, int(sm_count), sq, bool(resources)
+    )
