@@ -59,7 +59,6 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   static_assert(kCl > 1, "the exchange being deferred is a column cluster's");
   static_assert((FLAGS & kStagedRow) != 0 && (FLAGS & kCachedRow) != 0, "rows are staged in the ring");
   static_assert((FLAGS & (kKeepTerms | kRowClusterBits)) == 0, "neither kept terms nor row clusters");
-  static_assert(kStages >= 3, "one stage being finished, one being summed, one in flight");
   static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");
 
   extern __shared__ __align__(16) float smem[];
@@ -118,13 +117,9 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
     }
   };
 
-  RowRef pending{};       // the row block whose dx waits for its cluster sums
-  int pending_stage = 0;  // and its ring stage
-  int stage = 0;
-  int calls = 0;
-  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
-    const RowRef r = row_ref(rb);
-    cp_async_wait<kStages - 2>();  // row block rb's copies have landed; S - 2 later ones fly
+  // The row group's reduced sums of a row block from its stage, adding its
+  // dW / dB terms to the thread's partials.
+  const auto sum = [&](const RowRef& r, int stage) {
     Sum2 s = {0.f, 0.f};
     if (r.ok) {
 #pragma unroll
@@ -138,25 +133,10 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
         add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
       }
     }
-    s = group_allreduce<TPR, ROWS>(s, scratch);
-    if (calls > 0) {
-      const Sum2 done = ex.collect(calls - 1);
-      ex.publish(s, calls);
-      write_dx(pending, pending_stage, done);
-    } else {
-      ex.publish(s, calls);
-    }
-    ++calls;
-    pending = r;
-    pending_stage = stage;
-    // The stage of the row block just finished (none before the first) takes
-    // row block rb + (S - 1) * clusters.
-    ring.fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters, p, group, col0, lane);
-    stage = stage + 1 == kStages ? 0 : stage + 1;
-  }
-  if (calls > 0) write_dx(pending, pending_stage, ex.collect(calls - 1));
-
-  ex.exit(calls);
+    return group_allreduce<TPR, ROWS>(s, scratch);
+  };
+  const auto fill = [&](int stage, long long rb) { ring.fill(stage, rb, p, group, col0, lane); };
+  deferred_ring_loop<kStages>(ex, cluster, p.row_blocks, clusters, row_ref, sum, write_dx, fill);
   __syncthreads();  // the partial-row combine reuses the ring
   constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
   float* pw = p.partial_w + cluster * N + col0;

@@ -49,7 +49,6 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   using Red = typename Select<equal_count_merge<KIND, TPR, kEven>(), MeanM2Eq, Acc>::type;
   static_assert(kCl > 1, "the exchange being deferred is a row's slices'");
-  static_assert(kStages >= 3, "one stage being finished, one being summed, one in flight");
   static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");
   static_assert((FLAGS & kResidual) == 0, "no residual: the ring holds x alone");
   static_assert(sizeof(PT) == 16, "the ring is filled in 16-byte copies");
@@ -118,40 +117,21 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
 #pragma unroll
   for (int s = 0; s + 1 < kStages; ++s) fill(s, cluster + s * clusters);
 
-  RowRef pending{0, false};  // the row block whose y waits for its group's partials
-  int pending_stage = 0;     // and its ring stage
-  int stage = 0;
-  int calls = 0;
-  for (long long rb = cluster; rb < p.row_blocks; rb += clusters) {
-    const RowRef r{rb * ROWS + group, rb * ROWS + group < p.rows};
-    cp_async_wait<kStages - 2>();  // row block rb's copies have landed; S - 2 later ones fly
+  const auto row_at = [&](long long rb) { return RowRef{rb * ROWS + group, rb * ROWS + group < p.rows}; };
+  // The row group's reduced statistics of a row block, from its stage.
+  const auto sum = [&](const RowRef& r, int s) {
     PT xv[NV];
     bool ok[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
       ok[i] = r.ok && (kEven || v < kVecs);
-      if (ok[i]) xv[i] = stage_at(stage)[v];
+      if (ok[i]) xv[i] = stage_at(s)[v];
     }
     const Acc acc = merge(Stats::empty(), Stats::template of_chunk<T, VEC, NV>(xv, ok));
-    const Red red = group_allreduce<TPR, ROWS>(AccAs<Red>::from(acc), scratch);
-    if (calls > 0) {
-      const Red done = ex.collect(calls - 1);
-      ex.publish(red, calls);
-      write_y(pending, pending_stage, done);
-    } else {
-      ex.publish(red, calls);
-    }
-    ++calls;
-    pending = r;
-    pending_stage = stage;
-    // The stage of the row block just finished (none before the first) takes
-    // row block rb + (S - 1) * clusters.
-    fill(stage == 0 ? kStages - 1 : stage - 1, rb + (kStages - 1) * clusters);
-    stage = stage + 1 == kStages ? 0 : stage + 1;
-  }
-  if (calls > 0) write_y(pending, pending_stage, ex.collect(calls - 1));
-  ex.exit(calls);
+    return group_allreduce<TPR, ROWS>(AccAs<Red>::from(acc), scratch);
+  };
+  deferred_ring_loop<kStages>(ex, cluster, p.row_blocks, clusters, row_at, sum, write_y, fill);
 }
 
 }  // namespace rtcnorm

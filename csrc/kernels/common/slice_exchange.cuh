@@ -1,6 +1,7 @@
 // The exchange of a row's column slices in the deferred loops (forward:
 // common/norm_fwd_deferred.cuh, backward: common/norm_bwd_deferred.cuh),
-// which collect call k - 1 and publish call k back to back.
+// which collect call k - 1 and publish call k back to back, and the ring
+// loop both run (deferred_ring_loop).
 //
 // Invariants:
 // - The CL slices are a thread-block cluster whose partials are pushed into
@@ -17,6 +18,7 @@
 
 #include "common/cluster.cuh"
 #include "common/grid_exchange.cuh"
+#include "common/vec.cuh"
 
 namespace rtcnorm {
 
@@ -59,5 +61,46 @@ struct SliceExchange {
     if constexpr (!GRID) cluster_exit<CL>(calls);
   }
 };
+
+// The deferred loop over this slice group's row blocks first, first + stride,
+// ... < count, through a ring of S stages of cp.async copies (S - 1 filled
+// before the call). Iteration k waits for row block k's copies, sums it
+// (sum(row, stage) -> the row group's reduced partial), collects call k - 1
+// and publishes call k back to back, finishes row block k - 1 from its stage
+// (finish(row, stage, collected)), and refills the stage k - 1 freed with
+// row block k + S - 1 (fill(stage, rb), which commits one copy group per
+// call). The last row block is finished after the loop, then the exchange
+// exits. RowT is the caller's row handle (row_at(rb)); its value-initialised
+// form stands for "no row yet".
+template <int S, typename Exchange, typename RowAt, typename Sum, typename Finish, typename Fill>
+__device__ __forceinline__ void deferred_ring_loop(const Exchange& ex, long long first, long long count,
+                                                   long long stride, RowAt row_at, Sum sum, Finish finish, Fill fill) {
+  static_assert(S >= 3, "one stage being finished, one being summed, one in flight");
+  decltype(row_at(first)) pending{};  // the row block waiting for its group's partials
+  int pending_stage = 0;              // and its ring stage
+  int stage = 0;
+  int calls = 0;
+  for (long long rb = first; rb < count; rb += stride) {
+    const auto r = row_at(rb);
+    cp_async_wait<S - 2>();  // row block rb's copies have landed; S - 2 later ones fly
+    const auto part = sum(r, stage);
+    if (calls > 0) {
+      const auto done = ex.collect(calls - 1);
+      ex.publish(part, calls);
+      finish(pending, pending_stage, done);
+    } else {
+      ex.publish(part, calls);
+    }
+    ++calls;
+    pending = r;
+    pending_stage = stage;
+    // The stage of the row block just finished (none before the first) takes
+    // row block rb + (S - 1) * stride.
+    fill(stage == 0 ? S - 1 : stage - 1, rb + (S - 1) * stride);
+    stage = stage + 1 == S ? 0 : stage + 1;
+  }
+  if (calls > 0) finish(pending, pending_stage, ex.collect(calls - 1));
+  ex.exit(calls);
+}
 
 }  // namespace rtcnorm
