@@ -217,6 +217,21 @@ static bool wide_ln_row(const NormProblem& p, int cta_threads, int thread_bytes)
   return p.kind == kLayerNorm && p.has_bias && !p.residual && cta_threads > 256 && thread_bytes > 64;
 }
 
+// CTAs an SM for a float32 LayerNorm row of more than 80 bytes a thread in
+// registers: the most that leave 96 registers, or one (a persistent grid,
+// low_residency below) where those would hold fewer than 512 threads. At 80
+// registers ptxas spilled 48-60 bytes (N = 6144-7168, 192-224 threads), and
+// rows of 257-320 threads had run one CTA an SM (wide_ln_row) where two fit
+// 96. H100 kernel-only, us (benchmarks/NOTES.md entry 68; x 4096 / 16384
+// rows): 7168 (224 threads, 3 -> 1) 88.5 -> 86.1, 342.3 -> 329.2, 65536 rows
+// 1360.7 -> 1301.1; 9216 (288, 1 -> 2) 113.1 -> 104.1, 431.7 -> 403.3; 10240
+// (320, 1 -> 2) 125.3 -> 115.2. Unchanged: 160 threads (5120: 4 leave 96),
+// 352+ (12288: two at 80 lost 2.5%).
+static int fp32_ln_row_blocks(int cta_threads) {
+  const int blocks = blocks_leaving(cta_threads, 4, 96);
+  return blocks * cta_threads < 512 ? 1 : blocks;
+}
+
 // Vectors per thread per chunk of a shared-memory row: 4 with a residual,
 // whose second operand would otherwise spill; else 8 up to 64 KB rows (a
 // 512-thread CTA, two per SM) and 16 beyond (512 threads, one CTA per SM).
@@ -404,8 +419,12 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
   const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
   int reg_blocks = 4;
-  if (wide_ln_row(p, tpr * rows, thread_bytes) || small_grid)
+  const bool fp32_ln_row = p.kind == kLayerNorm && esize == 4 && !p.residual && thread_bytes > 80 &&
+                           t.reg_headroom != 1 && t.fwd_min_blocks == 0;
+  if (small_grid)
     reg_blocks = 1;
+  else if (wide_ln_row(p, tpr * rows, thread_bytes))
+    reg_blocks = fp32_ln_row ? fp32_ln_row_blocks(tpr * rows) : 1;
   else if (!p.residual && thread_bytes <= 80)
     reg_blocks = 8;
   else if (full_cta_row && esize == 2 && wsize == 2 && one_wave_at_4)
@@ -430,7 +449,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool slice_ok = !cluster_slice || (esize == 2 && wsize == 4);
   if (reg_blocks == 4 && p.kind == kLayerNorm && !p.residual && thread_bytes > 80 && tpr * rows > 128 && slice_ok &&
       t.reg_headroom != 1)
-    reg_blocks = blocks_leaving(tpr * rows, reg_blocks, esize == 4 ? 80 : 96);
+    reg_blocks = fp32_ln_row ? fp32_ln_row_blocks(tpr * rows) : blocks_leaving(tpr * rows, reg_blocks, 96);
   const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
   // at N = 6144 taking 168 registers) LayerNorm's multi-wave grid has too few
