@@ -419,8 +419,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
   const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
   int reg_blocks = 4;
-  const bool fp32_ln_row = p.kind == kLayerNorm && esize == 4 && !p.residual && thread_bytes > 80 &&
-                           t.reg_headroom != 1 && t.fwd_min_blocks == 0;
+  // (An explicit fwd_min_blocks replaces reg_blocks below, whatever it is.)
+  const bool fp32_ln_row =
+      p.kind == kLayerNorm && esize == 4 && !p.residual && thread_bytes > 80 && t.reg_headroom != 1;
   if (small_grid)
     reg_blocks = 1;
   else if (wide_ln_row(p, tpr * rows, thread_bytes))
@@ -438,9 +439,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // (N = 12288, 192 threads, 80 registers: 88 bytes; 96 fit), and more so
   // beside float32 gamma and beta (N = 16384, 256 threads: 264 bytes at 64,
   // 124 at 80); float32 rows spill 148 bytes at 72 (N = 7168, 224 threads)
-  // and 48 at 80, which ran fastest. They take the most CTAs that leave 96
-  // registers (float32 rows: 80). H100 kernel-only, us (benchmarks/NOTES.md
-  // entry 67): bf16 4096x12288 86.0 -> 71.8, 4096x14336 135.4 -> 94.0 (two
+  // and 48 at 80. They take the most CTAs that leave 96 registers (float32
+  // rows: fp32_ln_row_blocks, entry 68). H100 kernel-only, us (benchmarks/NOTES.md
+  // entry 67, float32 at 80 registers): bf16 4096x12288 86.0 -> 71.8, 4096x14336 135.4 -> 94.0 (two
   // CTAs an SM: a persistent grid), float32 16384x7168 492.5 -> 346.1, bf16
   // rows with float32 gamma/beta 4096x16384 207.3 -> 98.5, 512x131072 208.3
   // -> 149.0. Column-cluster slices of same-dtype rows do not spill at 64
@@ -449,7 +450,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool slice_ok = !cluster_slice || (esize == 2 && wsize == 4);
   if (reg_blocks == 4 && p.kind == kLayerNorm && !p.residual && thread_bytes > 80 && tpr * rows > 128 && slice_ok &&
       t.reg_headroom != 1)
-    reg_blocks = fp32_ln_row ? fp32_ln_row_blocks(tpr * rows) : blocks_leaving(tpr * rows, reg_blocks, 96);
+    reg_blocks = esize == 4 ? fp32_ln_row_blocks(tpr * rows) : blocks_leaving(tpr * rows, reg_blocks, 96);
   const int reg_min_blocks = min_blocks_for(tpr * rows, pick(t.fwd_min_blocks, reg_blocks));
   // Threads those launch bounds guarantee per SM; under 512 (a 96-thread CTA
   // at N = 6144 taking 168 registers) LayerNorm's multi-wave grid has too few
@@ -1391,7 +1392,7 @@ static NormBwdPlan plan_bwd_slices(const NormProblem& p, bool want_dw, bool want
   const int wide_cl = max_cluster_on(arch);
   if (forced == 0 && defer && wide_cl > kMaxCluster && p.hidden >= kBwd16Cluster16MinElems && nvec % wide_cl == 0)
     cl = wide_cl;
-  if (forced == 0 && !wide16 && float32_cluster16_rule(p, nvec, wide_cl)) cl = wide_cl;
+  if (forced == 0 && float32_cluster16_rule(p, nvec, wide_cl)) cl = wide_cl;
   if (forced == 0 && pair && wide_cl > kMaxCluster) {
     const bool many_rows = p.rows >= kBwd16PairManyRowsMin && p.hidden < kBwd16DeferPairMaxBoth;
     if (many_rows && nvec % kBwd16PairManyRowsCluster == 0)
