@@ -65,8 +65,8 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
   using Exchange = SliceExchange<kCl, ROWS, TPR, Sum2, kGrid>;
   __shared__ typename Exchange::Scratch cscratch;
-  const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
-  const Exchange ex(cscratch, p.exchange, p.exchange_base, cluster, threadIdx.x / TPR, threadIdx.x % TPR);
+  const Exchange ex(cscratch, p.exchange, p.exchange_base);
+  const long long cluster = ex.slice_group, clusters = ex.slice_groups;
   const int lane = ex.lane;
   const int group = ex.group;
   const int vbase = ex.rank * kVecs;

@@ -26,19 +26,22 @@ template <int CL, int ROWS, int TPR, typename Acc, bool GRID>
 struct SliceExchange {
   using Scratch = ClusterScratch<GRID ? 1 : CL, ROWS, Acc, 3>;
   Scratch& scratch;           // the cluster's slots (unused by a grid group)
+  long long slice_group;      // this CTA's group of CL slices (CL consecutive CTAs)
+  long long slice_groups;     // the grid's groups: the row-block stride
   unsigned long long* words;  // GRID: this group's part of p.exchange
   unsigned tag_base;          // GRID: the launch's p.exchange_base
   int rank;                   // this CTA's slice of the row
-  int group, lane;            // the thread's row group and place in it
+  int group, lane;            // the thread's row group (TPR threads a row) and place in it
 
-  __device__ __forceinline__ SliceExchange(Scratch& s, unsigned* exchange, unsigned base, long long slice_group,
-                                           int row_group, int group_lane)
+  __device__ __forceinline__ SliceExchange(Scratch& s, unsigned* exchange, unsigned base)
       : scratch(s),
-        words(GRID ? grid_exchange_of<CL, ROWS, Acc>(exchange, slice_group) : nullptr),
+        slice_group(blockIdx.x / CL),
+        slice_groups(gridDim.x / CL),
+        words(GRID ? grid_exchange_of<CL, ROWS, Acc>(exchange, blockIdx.x / CL) : nullptr),
         tag_base(base),
         rank(GRID ? static_cast<int>(blockIdx.x % CL) : cluster_rank<CL>()),
-        group(row_group),
-        lane(group_lane) {
+        group(threadIdx.x / TPR),
+        lane(threadIdx.x % TPR) {
     if constexpr (!GRID) cluster_exchange_init(scratch);
   }
 
