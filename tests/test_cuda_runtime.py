@@ -543,6 +543,17 @@ def forward_outputs(op, x, w, b, zcg, r):
     return OPS.rms_norm(x, [n], w, None, None, zcg)
 
 
+def check_forward_bits(op, x, w, b, zcg, r, expected, poison):
+    """After poisoning, the forward's outputs are bitwise `expected`, and the
+    same bits again on a second call."""
+    poison(4 * x.numel() * x.element_size())
+    got = forward_outputs(op, x, w, b, zcg, r)
+    for a, c in zip(got, expected):
+        assert torch.equal(a, c)
+    for a, c in zip(forward_outputs(op, x, w, b, zcg, r), got):
+        assert torch.equal(a, c)
+
+
 def op_inputs(op, m, n, dtype, variant, shift=0.0):
     """x, w, b, zcg, r of an m x n case on the GPU (LayerNorm's x shifted by
     `shift`), and the explain() keywords that describe them."""
@@ -590,12 +601,7 @@ def test_forward_grid_groups_match_the_cluster_exchange(op, m, n, dtype, variant
         assert plan["persistent"] and plan["mode"] == "static_persistent", plan
         assert plan["kernel"].split(", ")[:7] == hw["kernel"].split(", ")[:7], (plan, hw)
         assert plan["grid"] <= torch.cuda.get_device_properties(0).multi_processor_count * plan["blocks_per_sm"], plan
-        poison(4 * x.numel() * x.element_size())
-        got = forward_outputs(op, x, w, b, zcg, r)
-        for a, c in zip(got, cluster_out):
-            assert torch.equal(a, c)
-        for a, c in zip(forward_outputs(op, x, w, b, zcg, r), got):
-            assert torch.equal(a, c)
+        check_forward_bits(op, x, w, b, zcg, r, cluster_out, poison)
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
@@ -632,12 +638,7 @@ def test_forward_deferred_slices_match_the_meeting_loop(op, m, n, dtype, variant
         assert kernel_flags(plan["kernel"]) & ((1 << 16) | (1 << 29)) == (1 << 16) | (1 << 29), plan
         assert plan["kernel"].split(", ")[2:7] == meeting["kernel"].split(", ")[2:7], (plan, meeting)
         assert plan["persistent"] and plan["smem"] > 0 and plan["column_slices"] > 1
-        poison(4 * x.numel() * x.element_size())
-        got = forward_outputs(op, x, w, b, zcg, r)
-        for a, c in zip(got, expected):
-            assert torch.equal(a, c)
-        for a, c in zip(forward_outputs(op, x, w, b, zcg, r), got):
-            assert torch.equal(a, c)
+        check_forward_bits(op, x, w, b, zcg, r, expected, poison)
         check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
@@ -670,9 +671,7 @@ def test_register_headroom_bounds(op, m, n, dtype, variant, phase, poison):
         previous = forward_outputs(op, x, w, b, zcg, r)
     if torch.cuda.get_device_capability() == (9, 0):
         assert bound() < before
-    poison(4 * x.numel() * x.element_size())
-    for a, c in zip(forward_outputs(op, x, w, b, zcg, r), previous):
-        assert torch.equal(a, c)
+    check_forward_bits(op, x, w, b, zcg, r, previous, poison)
     check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 
