@@ -55,3 +55,27 @@ def test_copy_rates_per_call_and_per_kernel_are_cached_numbers():
         assert harness.copy_kernel_gbps(1 << 20) == kernel  # measured once per size
     finally:
         sys.path.remove(BENCH)
+
+
+def test_readme_tables_are_the_committed_results():
+    """Every row of the README's bf16 tables is the row readme_tables.py prints from
+    benchmarks/results/*_h100.json, bar the anchor column (read from a file outside
+    the repository), and every result row is in the README."""
+    cmd = [sys.executable, os.path.join(BENCH, "readme_tables.py")]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    def rows(text):
+        out = []
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| ") and cells[0] not in ("shape", "op"):
+                anchor = 6 if cells[1] in ("fwd", "bwd") else 7  # norm rows, softmax rows
+                out.append(tuple(cells[:anchor] + cells[anchor + 1 :]))
+        return out
+
+    printed = rows(run.stdout)
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = rows(f.read())
+    assert len(printed) == 23 * 2 * 2 + 15 * 2, len(printed)
+    assert printed == readme
