@@ -90,6 +90,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_staged_slices", &NormTuning::bwd_staged_slices, 2},
     {"fwd_defer_stats", &NormTuning::fwd_defer_stats, 2},
     {"fwd_ring_stages", &NormTuning::fwd_ring_stages, 5},
+    {"fwd_dense_narrow", &NormTuning::fwd_dense_narrow, 2},
     {"reg_headroom", &NormTuning::reg_headroom, 2},
 };
 

@@ -607,14 +607,56 @@ def test_forward_grids_of_at_most_one_cta_per_sm_take_launch_bounds_of_one(op, d
 def test_narrow_rmsnorm_rows_take_four_vectors_in_one_round(dtype, m, n, residual, nv):
     """Narrow RMSNorm rows take 4 vectors per thread where the 256-thread CTAs
     then number at least 2 and at most 4 per SM (one round of resident CTAs),
-    2 otherwise and beside a residual."""
-    kw = dict(device="cpu", sm_count=132, arch="sm_90", residual=residual)
+    2 otherwise and beside a residual. (sm_100: on sm_90 most of these 16-bit
+    rows take the dense narrow plan instead, test_dense_narrow_rmsnorm_rows.)"""
+    arch = "sm_90" if dtype == torch.float32 or residual else "sm_100"
+    kw = dict(device="cpu", sm_count=132, arch=arch, residual=residual)
     plan = rtcnorm.explain("rms_norm", (m, n), dtype, **kw)
     assert plan["vecs_per_thread"] == nv, plan
     if nv == 4:
         assert 2 * 132 <= plan["row_blocks"] <= 4 * 132 and plan["block"] == 256, plan
     with _tuning.override(fwd_vecs_target=2):
         assert rtcnorm.explain("rms_norm", (m, n), dtype, **kw)["vecs_per_thread"] == 2
+
+
+DENSE_NARROW = [(BF16, 6144, 128), (BF16, 32768, 128), (torch.float16, 32768, 128), (BF16, 16384, 256),
+                (BF16, 65536, 256), (BF16, 32768, 64), (BF16, 4096, 256)]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize(("dtype", "m", "n"), DENSE_NARROW)
+def test_dense_narrow_rmsnorm_rows(dtype, m, n, arch):
+    """Narrow 16-bit RMSNorm rows whose vectors split evenly at two a thread, in
+    grids of 1-32 CTAs an SM, run multi-wave at launch bounds of eight
+    256-thread CTAs an SM; ptxas fits them in 32 registers without spilling."""
+    plan = rtcnorm.explain("rms_norm", (m, n), dtype, sm_count=132, arch=arch, resources=True)
+    assert plan["mode"] == "multi_wave_cached" and plan["vecs_per_thread"] == 2, plan
+    assert plan["block"] == 256 and plan["kernel"].endswith(", 8>"), plan
+    assert 132 <= plan["row_blocks"] <= 32 * 132 and "2048 threads per SM" in plan["reason"], plan
+    usage = plan["ptxas"]
+    assert usage["registers"] <= 32 and usage["spill_stores"] == 0 and usage["spill_loads"] == 0, usage
+    # The tunable turns the rule off; a forced persistent grid keeps the narrow bounds.
+    with _tuning.override(fwd_dense_narrow=1):
+        assert not rtcnorm.explain("rms_norm", (m, n), dtype, sm_count=132, arch=arch)["kernel"].endswith(", 8>")
+    forced = rtcnorm.explain("rms_norm", (m, n), dtype, sm_count=132, arch=arch, mode="static_persistent")
+    assert forced["mode"] == "static_persistent" and not forced["kernel"].endswith(", 8>"), forced
+
+
+@pytest.mark.parametrize(
+    ("dtype", "m", "n", "kw"),
+    [(BF16, 4096, 128, {}), (BF16, 262144, 128, {}), (BF16, 16384, 192, {}), (BF16, 16384, 384, {}),
+     (BF16, 16384, 512, {}), (BF16, 32768, 128, {"residual": True}), (BF16, 32768, 128, {"weight_dtype": torch.float32}),
+     (torch.float32, 32768, 128, {}), (BF16, 32768, 128, {"arch": "sm_100"})],
+)  # fmt: skip
+def test_dense_narrow_rmsnorm_rule_leaves_other_rows(dtype, m, n, kw):
+    """Outside the dense rule: grids under one CTA an SM or past 32, uneven
+    splits (N = 192, 384), rows past 384, a residual, float32 gamma or rows,
+    sm_100, and LayerNorm keep the narrow launch bounds."""
+    kw = {"sm_count": 132, "arch": "sm_90", **kw}
+    plan = rtcnorm.explain("rms_norm", (m, n), dtype, **kw)
+    assert not plan["kernel"].endswith(", 8>") and "2048 threads per SM" not in plan["reason"], plan
+    ln = rtcnorm.explain("layer_norm", (m, n), dtype, **kw)
+    assert "2048 threads per SM" not in ln["reason"], ln
 
 
 @pytest.mark.parametrize(

@@ -232,6 +232,34 @@ def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["weight", "no_weight", "zero_centered"])
+@pytest.mark.parametrize(
+    ("m", "n", "dtype"),
+    [(6144, 128, torch.bfloat16), (32768, 128, torch.bfloat16), (32768, 128, torch.float16),
+     (16384, 256, torch.bfloat16), (32768, 64, torch.bfloat16), (4099, 256, torch.float16)],
+)  # fmt: skip
+def test_gpu_dense_narrow_rows(poison, m, n, dtype, variant):
+    """Narrow RMSNorm rows on the dense plan (eight 256-thread CTAs an SM, two
+    vectors a thread; 4099 rows leave the last CTA partly empty): forward and
+    backward against the reference, contiguous and row-strided, and y within
+    rounding of the plan the rule replaced."""
+    major, minor = torch.cuda.get_device_capability()
+    if major * 10 + minor > 90:
+        pytest.skip("the dense narrow rule is sm_80-sm_90 only")
+    plan = rtcnorm.explain("rms_norm", (m, n), dtype)
+    assert plan["kernel"].endswith(", 8>") and plan["vecs_per_thread"] == 2, plan
+    for stride in (1, 2):
+        x, w, zcg, _ = rms_inputs((stride * m, n), [n], dtype, "cuda", variant)
+        x = x[::stride]
+        check_rms_norm(x, [n], w, zero_centered_gamma=zcg, poison=poison)
+        y = rtcnorm.rms_norm(x, [n], w, zero_centered_gamma=zcg)
+        with _tuning.override(fwd_dense_narrow=1):
+            old = rtcnorm.rms_norm(x, [n], w, zero_centered_gamma=zcg)
+        # Two-element rounding of the output: the row sums meet in another order.
+        torch.testing.assert_close(y.float(), old.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-6)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", [None, "static_persistent"], ids=lambda m: m or "auto")
 @pytest.mark.parametrize(("m", "n"), ROW_COUNT_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

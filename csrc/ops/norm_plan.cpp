@@ -182,6 +182,36 @@ static bool is_narrow_row(const NormProblem& p) {
 constexpr int kNarrowBaseVecs = 2;
 constexpr int kNarrowPersistentBlocksPerSm = 16;
 
+// Narrow 16-bit RMSNorm rows (no residual) whose vectors split evenly at the
+// base two a thread (N = 64, 128, 256) need 32 registers (ptxas, sm_80 and
+// sm_90: no spill), so launch bounds of 2048 threads an SM fit eight
+// 256-thread CTAs, where the narrow rule's 1024-thread bounds (64 registers)
+// fit four. A grid of 1-32 such CTAs an SM then issues every row's loads in
+// a round or a few as a plain multi-wave grid: no persistent loop, and no
+// 4-vector threads to fit one round of four CTAs (narrow_vecs_target). H100
+// kernel-only, L2 flushed, bf16, us (benchmarks/NOTES.md entry 70): 6144x128
+// 3.46 -> 3.08, 8192x128 3.81 -> 3.34, 16384x128 5.48 -> 4.62, 32768x128
+// 7.75 -> 7.22 (torch.compile's kernel 7.14), 65536x128 14.02 -> 13.82,
+// 4096x256 3.92 -> 3.40, 16384x256 7.60 -> 7.00, 65536x256 25.85 -> 25.29,
+// 32768x64 5.36 -> 4.88, but 262144x64 (4096 CTAs) 25.88 -> 26.17; fp16
+// alike. Left alone: grids under one CTA an SM
+// (4096x128 at two vectors: 128 CTAs, 3.00 -> 4.14), longer grids (within
+// 1% either way: 262144x128 47.92 / 48.43), uneven splits (N = 192 and 384,
+// 16 and 32 threads for 24 and 48 vectors: 6-26% slower), rows past 384
+// (16384x512 at two vectors 12.64 -> 13.84), and sm_100
+// (unmeasured; ptxas spills 8 bytes there at 32 registers).
+static bool dense_narrow_rms(const NormProblem& p, int sm_count, int arch, int cta_threads) {
+  const int tune = norm_tuning().fwd_dense_narrow;
+  if (tune == 1 || arch > 90 || p.kind != kRmsNorm || p.residual) return false;
+  if (jit::element_size(p.dtype) != 2 || (p.has_weight && jit::element_size(p.wdtype) != 2)) return false;
+  const int64_t nvec = p.hidden / choose_vec(p);
+  const int tpr = choose_tpr(nvec, kNarrowBaseVecs);
+  // (16-bit rows past 384 elements take 8 vectors: narrow_vecs_target.)
+  if (nvec != int64_t(kNarrowBaseVecs) * tpr || p.hidden > 384) return false;
+  const int64_t blocks = ceil_div(p.rows, std::max(1, cta_threads / tpr));
+  return tune == 2 || (blocks >= sm_count && blocks <= 32 * int64_t(sm_count));
+}
+
 static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_next) {
   if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 9;
   return (stream_store ? kStreamStore : 0u) | (prefetch_next ? kPrefetchNext : 0u);
@@ -258,9 +288,9 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
 // of x is then issued at once, where 2 vectors take two rounds (H100,
 // CUDA-graph replay, bf16, us: 32768x128 12.06 -> 11.26, 16384x256 12.02 ->
 // 11.42; at two rounds, 65536x128, 4 lost 3.7%; benchmarks/NOTES.md entry 35).
-static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_threads) {
+static int narrow_vecs_target(const NormProblem& p, int sm_count, int arch, int cta_threads) {
   constexpr int kBase = kNarrowBaseVecs, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2, kOneRoundVecs = 4;
-  if (p.residual) return kBase;
+  if (p.residual || dense_narrow_rms(p, sm_count, arch, cta_threads)) return kBase;
   const int64_t nvec = p.hidden / choose_vec(p);
   const auto row_blocks_at = [&](int nv) { return ceil_div(p.rows, std::max(1, cta_threads / choose_tpr(nvec, nv))); };
   const bool wide16 = jit::element_size(p.dtype) == 2 && p.hidden > 384;
@@ -347,7 +377,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
   const bool few_rows = !narrow && p.rows <= few_rows_max(p, sm_count);
   const int kFwdVecsTarget =
-      pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, kCtaThreads) : wide_vecs_target(few_rows));
+      pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, arch, kCtaThreads) : wide_vecs_target(few_rows));
   // Raw row bytes a thread may keep: 128 B is 64 bf16 or 32 fp32 values.
   const int kFwdCacheBytes = pick(t.fwd_cache_bytes, 128);
   NormFwdPlan plan;
@@ -484,6 +514,10 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // 2485).
   const bool narrow_persistent = plan.row_blocks * std::max(nv_row, kNarrowBaseVecs) <=
                                  int64_t(kNarrowBaseVecs) * kNarrowPersistentBlocksPerSm * sm_count;
+  // Rows of dense_narrow_rms at its two vectors a thread (a tuning override
+  // of the vectors or bounds opts out): eight 256-thread CTAs an SM, multi-wave.
+  const bool dense_narrow = narrow && reg_can && nv_row == kNarrowBaseVecs && t.fwd_min_blocks == 0 &&
+                            dense_narrow_rms(p, sm_count, arch, kCtaThreads);
 
   Reason why(explain ? &plan.reason : nullptr);
   NormMode mode = requested;
@@ -493,6 +527,10 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
       why << "row of " << p.hidden << " elements exceeds the register cache (" << kFwdCacheBytes
           << " bytes per thread at 1024 threads) and shared memory (" << max_smem_per_block(arch) / 1024
           << " KB per CTA on sm_" << arch << "), so x is re-read for the normalize pass";
+    } else if (dense_narrow) {
+      mode = NormMode::kMultiWaveCached;
+      why << "narrow 16-bit RMSNorm rows at " << kNarrowBaseVecs << " vectors per thread (32 registers): " << rows
+          << " rows per CTA, one CTA per row block, launch bounds of 2048 threads per SM";
     } else if (narrow && narrow_persistent) {
       mode = NormMode::kStaticPersistent;
       why << "narrow rows (N <= " << kNarrowRow << ") and at most " << kNarrowPersistentBlocksPerSm << " row blocks of "
@@ -573,7 +611,11 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   if (in_regs && narrow && p.kind == kLayerNorm && esize == 2 && jit::element_size(p.wdtype) == 4 &&
       nv * vec * esize > 80 && t.fwd_min_blocks == 0 && t.reg_headroom != 1)
     min_blocks = blocks_leaving(tpr * rows, min_blocks, 96);
-  k.variant = static_cast<int16_t>(min_blocks_for(tpr * rows, min_blocks));
+  // dense_narrow: 2048 threads an SM, past min_blocks_for's 64-register floor
+  // (a mode forced persistent keeps the narrow bounds: its kept gamma needs them).
+  const bool dense_bounds = dense_narrow && !plan.persistent && in_regs;
+  k.variant =
+      static_cast<int16_t>(dense_bounds ? std::max(1, 2048 / (tpr * rows)) : min_blocks_for(tpr * rows, min_blocks));
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << (in_smem ? "; shared memory " + std::to_string(plan.smem) + " bytes" : std::string())
