@@ -19,32 +19,20 @@ import re
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NORMS = (("rms_norm", "rms", "RMSNorm"), ("layer_norm", "ln", "LayerNorm"))
+# The per-call columns both tables share, after their row keys.
+CALL_HEAD = ("copy GB/s", "rtcnorm GB/s (% copy)", "best peer in run", "rtcnorm / best", "H100 anchor best")
 NORM_HEAD = (
-    "shape",
-    "phase",
-    "copy GB/s",
-    "rtcnorm GB/s (% copy)",
-    "best peer in run",
-    "rtcnorm / best",
-    "H100 anchor best",
-    "kernel µs",
-    "best peer's kernel µs",
-    "kernel: best peer / rtcnorm",
-    "call µs",
+    ("shape", "phase") + CALL_HEAD + ("kernel µs", "best peer's kernel µs", "kernel: best peer / rtcnorm", "call µs")
 )
 SOFTMAX_HEAD = (
-    "op",
-    "shape",
-    "phase",
-    "copy GB/s",
-    "rtcnorm GB/s (% copy)",
-    "best peer in run",
-    "rtcnorm / best",
-    "H100 anchor best",
-    "copy kernel GB/s",
-    "rtcnorm kernel GB/s (% copy kernel)",
-    "best peer kernel GB/s",
-    "kernel: rtcnorm / best peer",
+    ("op", "shape", "phase")
+    + CALL_HEAD
+    + (
+        "copy kernel GB/s",
+        "rtcnorm kernel GB/s (% copy kernel)",
+        "best peer kernel GB/s",
+        "kernel: rtcnorm / best peer",
+    )
 )
 
 
