@@ -197,6 +197,18 @@ std::vector<std::string> compile_options(int arch, std::string* target, bool* is
 
 namespace {
 
+// Throws an NVRTC step's failure with the kernel, its target, the NVRTC and
+// driver versions and NVRTC's log (empty past compilation).
+void nvrtc_failure(const LoadedNvrtc& n, const KernelKey& key, const std::string& target, const char* step,
+                   nvrtcResult r, const std::string& log) {
+  std::ostringstream os;
+  os << "rtcnorm: NVRTC " << step << " failed (" << n.api.nvrtcGetErrorString(r) << ") for kernel " << key.describe()
+     << "\n  instantiation: " << key.name_expression() << "\n  target: " << target << "\n  NVRTC " << n.info.major
+     << "." << n.info.minor << " at " << n.info.path << ", CUDA driver " << driver_version_string() << "\n  log:\n"
+     << log;
+  TORCH_CHECK(false, os.str());
+}
+
 // Creates and compiles key's program with `opts`; throws with NVRTC's log on
 // failure. The guard owns the program.
 void compile_program(const LoadedNvrtc& n, const KernelKey& key, const std::vector<std::string>& opts,
@@ -209,23 +221,15 @@ void compile_program(const LoadedNvrtc& n, const KernelKey& key, const std::vect
     names.push_back(kEmbeddedSources[i].name);
     texts.push_back(kEmbeddedSources[i].text);
   }
-  auto fail = [&](const char* step, nvrtcResult r, const std::string& log) {
-    std::ostringstream os;
-    os << "rtcnorm: NVRTC " << step << " failed (" << api.nvrtcGetErrorString(r) << ") for kernel " << key.describe()
-       << "\n  instantiation: " << expr << "\n  target: " << target << "\n  NVRTC " << n.info.major << "."
-       << n.info.minor << " at " << n.info.path << ", CUDA driver " << driver_version_string() << "\n  log:\n"
-       << log;
-    TORCH_CHECK(false, os.str());
-  };
   nvrtcResult r = api.nvrtcCreateProgram(&guard.prog, source.c_str(), "rtcnorm_entry.cu", kNumEmbeddedSources,
                                          texts.data(), names.data());
-  if (r != 0) fail("program creation", r, "");
+  if (r != 0) nvrtc_failure(n, key, target, "program creation", r, "");
   r = api.nvrtcAddNameExpression(guard.prog, expr.c_str());
-  if (r != 0) fail("name expression", r, "");
+  if (r != 0) nvrtc_failure(n, key, target, "name expression", r, "");
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
   r = api.nvrtcCompileProgram(guard.prog, static_cast<int>(copts.size()), copts.data());
-  if (r != 0) fail("compilation", r, program_log(api, guard.prog));
+  if (r != 0) nvrtc_failure(n, key, target, "compilation", r, program_log(api, guard.prog));
 }
 
 // The number before `what` on the line of ptxas' report that holds it, or -1.
@@ -271,13 +275,9 @@ CompiledKernel compile_kernel(const KernelKey& key) {
   ProgramGuard guard{api};
   compile_program(n, key, opts, out.target, guard);
   if (jit_verbose()) std::fprintf(stderr, "rtcnorm jit: %s\n%s\n", expr.c_str(), program_log(api, guard.prog).c_str());
-  auto fail = [&](const char* step, nvrtcResult r) {
-    TORCH_CHECK(false, "rtcnorm: NVRTC ", step, " failed (", api.nvrtcGetErrorString(r), ") for kernel ",
-                key.describe(), "\n  instantiation: ", expr, "\n  target: ", out.target);
-  };
   const char* lowered = nullptr;
   nvrtcResult r = api.nvrtcGetLoweredName(guard.prog, expr.c_str(), &lowered);
-  if (r != 0 || lowered == nullptr) fail("lowered-name lookup", r);
+  if (r != 0 || lowered == nullptr) nvrtc_failure(n, key, out.target, "lowered-name lookup", r, "");
   out.lowered_name = lowered;
   size_t size = 0;
   if (out.is_cubin) {
@@ -293,7 +293,7 @@ CompiledKernel compile_kernel(const KernelKey& key) {
       r = api.nvrtcGetPTX(guard.prog, out.image.data());
     }
   }
-  if (r != 0 || out.image.empty()) fail("output retrieval", r);
+  if (r != 0 || out.image.empty()) nvrtc_failure(n, key, out.target, "output retrieval", r, "");
   return out;
 }
 
