@@ -194,12 +194,12 @@ constexpr int kNarrowPersistentBlocksPerSm = 16;
 // 7.75 -> 7.22 (torch.compile's kernel 7.14), 65536x128 14.02 -> 13.82,
 // 4096x256 3.92 -> 3.40, 16384x256 7.60 -> 7.00, 65536x256 25.85 -> 25.29,
 // 32768x64 5.36 -> 4.88, but 262144x64 (4096 CTAs) 25.88 -> 26.17; fp16
-// alike. Left alone: grids under one CTA an SM
-// (4096x128 at two vectors: 128 CTAs, 3.00 -> 4.14), longer grids (within
-// 1% either way: 262144x128 47.92 / 48.43), uneven splits (N = 192 and 384,
-// 16 and 32 threads for 24 and 48 vectors: 6-26% slower), rows past 384
-// (16384x512 at two vectors 12.64 -> 13.84), and sm_100
-// (unmeasured; ptxas spills 8 bytes there at 32 registers).
+// alike. Left alone: grids under one CTA an SM (4096x128 at two vectors:
+// 128 CTAs, 3.00 -> 4.14), longer grids (within 1% either way: 262144x128
+// 47.92 / 48.43), uneven splits (N = 192 and 384, 16 and 32 threads for 24
+// and 48 vectors: 6-26% slower), rows past 384 (16384x512 at two vectors
+// 12.64 -> 13.84), and sm_100 (unmeasured; ptxas spills 8 bytes there at 32
+// registers).
 static bool dense_narrow_rms(const NormProblem& p, int sm_count, int arch, int cta_threads) {
   const int tune = norm_tuning().fwd_dense_narrow;
   if (tune == 1 || arch > 90 || p.kind != kRmsNorm || p.residual) return false;
@@ -288,9 +288,9 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
 // of x is then issued at once, where 2 vectors take two rounds (H100,
 // CUDA-graph replay, bf16, us: 32768x128 12.06 -> 11.26, 16384x256 12.02 ->
 // 11.42; at two rounds, 65536x128, 4 lost 3.7%; benchmarks/NOTES.md entry 35).
-static int narrow_vecs_target(const NormProblem& p, int sm_count, int arch, int cta_threads) {
+static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_threads) {
   constexpr int kBase = kNarrowBaseVecs, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2, kOneRoundVecs = 4;
-  if (p.residual || dense_narrow_rms(p, sm_count, arch, cta_threads)) return kBase;
+  if (p.residual) return kBase;
   const int64_t nvec = p.hidden / choose_vec(p);
   const auto row_blocks_at = [&](int nv) { return ceil_div(p.rows, std::max(1, cta_threads / choose_tpr(nvec, nv))); };
   const bool wide16 = jit::element_size(p.dtype) == 2 && p.hidden > 384;
@@ -376,8 +376,11 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // vectors per thread (H100 sweep, benchmarks/NOTES.md entry 24).
   const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
   const bool few_rows = !narrow && p.rows <= few_rows_max(p, sm_count);
-  const int kFwdVecsTarget =
-      pick(t.fwd_vecs_target, narrow ? narrow_vecs_target(p, sm_count, arch, kCtaThreads) : wide_vecs_target(few_rows));
+  // Narrow rows the dense rule takes run at its two vectors a thread.
+  const bool dense_rule = narrow && dense_narrow_rms(p, sm_count, arch, kCtaThreads);
+  const int kFwdVecsTarget = pick(t.fwd_vecs_target, dense_rule ? kNarrowBaseVecs
+                                                     : narrow   ? narrow_vecs_target(p, sm_count, kCtaThreads)
+                                                                : wide_vecs_target(few_rows));
   // Raw row bytes a thread may keep: 128 B is 64 bf16 or 32 fp32 values.
   const int kFwdCacheBytes = pick(t.fwd_cache_bytes, 128);
   NormFwdPlan plan;
@@ -516,8 +519,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
                                  int64_t(kNarrowBaseVecs) * kNarrowPersistentBlocksPerSm * sm_count;
   // Rows of dense_narrow_rms at its two vectors a thread (a tuning override
   // of the vectors or bounds opts out): eight 256-thread CTAs an SM, multi-wave.
-  const bool dense_narrow = narrow && reg_can && nv_row == kNarrowBaseVecs && t.fwd_min_blocks == 0 &&
-                            dense_narrow_rms(p, sm_count, arch, kCtaThreads);
+  const bool dense_narrow = dense_rule && reg_can && nv_row == kNarrowBaseVecs && t.fwd_min_blocks == 0;
 
   Reason why(explain ? &plan.reason : nullptr);
   NormMode mode = requested;
