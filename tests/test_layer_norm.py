@@ -315,6 +315,36 @@ def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["weight_bias", "weight", "bias", "zero_centered"])
+@pytest.mark.parametrize(
+    ("m", "n", "dtype"),
+    [(32768, 256, torch.bfloat16), (65536, 128, torch.float16), (65539, 128, torch.bfloat16),
+     (131072, 256, torch.bfloat16)],
+)  # fmt: skip
+def test_gpu_dense_narrow_rows(poison, m, n, dtype, variant):
+    """Narrow LayerNorm rows on the dense plan (five 256-thread CTAs an SM, two
+    vectors a thread, gamma and beta loaded beside x; 65539 rows leave the last
+    CTA partly empty), around a mean of 1000: forward and backward against the
+    reference, contiguous and row-strided, and y within rounding of the plan
+    the rule replaced."""
+    major, minor = torch.cuda.get_device_capability()
+    if major * 10 + minor > 90:
+        pytest.skip("the dense narrow rule is sm_80-sm_90 only")
+    kw = {"bias": variant != "weight", "elementwise_affine": variant != "bias"}
+    plan = rtcnorm.explain("layer_norm", (m, n), dtype, **kw)
+    assert plan["kernel"].endswith(", 5>") and plan["vecs_per_thread"] == 2, plan
+    for stride in (1, 2):
+        x, w, b, zcg = ln_inputs((stride * m, n), [n], dtype, "cuda", variant, shift=1000.0)
+        x = x[::stride]
+        check_layer_norm(x, [n], w, b, zero_centered_gamma=zcg, poison=poison, stat_scale=10.0)
+        y = rtcnorm.layer_norm(x, [n], w, b, zero_centered_gamma=zcg)
+        with _tuning.override(fwd_dense_narrow=1):
+            old = rtcnorm.layer_norm(x, [n], w, b, zero_centered_gamma=zcg)
+        # Two-element rounding of the output: the row sums meet in another order.
+        torch.testing.assert_close(y.float(), old.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "auto")
 @pytest.mark.parametrize(
     ("n", "dtype", "variant"),

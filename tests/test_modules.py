@@ -9,7 +9,17 @@ import pytest
 import rtcnorm
 import torch
 import torch.autograd.forward_ad as fwad
-from norm_checks import PREFETCH_NEXT, STREAM_STORE, column_cluster, kernel_flags, randn
+from norm_checks import (
+    PREFETCH_NEXT,
+    STREAM_STORE,
+    check_layer_norm,
+    check_rms_norm,
+    column_cluster,
+    kernel_flags,
+    ln_inputs,
+    randn,
+    rms_inputs,
+)
 from reference import assert_close
 from rtcnorm import _tuning
 
@@ -659,6 +669,112 @@ def test_dense_narrow_rmsnorm_rule_leaves_other_rows(dtype, m, n, kw):
     assert "2048 threads per SM" not in ln["reason"], ln
 
 
+DENSE_NARROW_LN = [(BF16, 65536, 256, {}), (BF16, 32768, 256, {}), (torch.float16, 65536, 128, {}),
+                   (BF16, 262144, 128, {}), (BF16, 1 << 20, 256, {}), (BF16, 65536, 256, {"bias": False}),
+                   (BF16, 65536, 128, {"zero_centered_gamma": True})]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize(("dtype", "m", "n", "kw"), DENSE_NARROW_LN)
+def test_dense_narrow_layer_norm_rows(dtype, m, n, kw, arch):
+    """Narrow 16-bit LayerNorm rows of 128 or 256 elements with 16-bit gamma
+    and/or beta, in grids of at least 12 CTAs an SM at two vectors a thread, run
+    multi-wave at launch bounds of five 256-thread CTAs an SM (48 registers)
+    and load gamma and beta beside x; ptxas fits them without spilling."""
+    plan = rtcnorm.explain("layer_norm", (m, n), dtype, sm_count=132, arch=arch, resources=True, **kw)
+    assert plan["mode"] == "multi_wave_cached" and plan["vecs_per_thread"] == 2, plan
+    assert plan["block"] == 256 and plan["kernel"].endswith(", 5>"), plan
+    assert plan["row_blocks"] >= 12 * 132 and "1280 threads per SM" in plan["reason"], plan
+    assert kernel_flags(plan["kernel"]) & PRELOAD_AFFINE, plan
+    usage = plan["ptxas"]
+    assert usage["registers"] <= 48 and usage["spill_stores"] == 0 and usage["spill_loads"] == 0, usage
+    with _tuning.override(fwd_dense_narrow=1):
+        off = rtcnorm.explain("layer_norm", (m, n), dtype, sm_count=132, arch=arch, **kw)
+    assert not off["kernel"].endswith(", 5>") and off["vecs_per_thread"] == 4, off
+    forced = rtcnorm.explain("layer_norm", (m, n), dtype, sm_count=132, arch=arch, mode="static_persistent", **kw)
+    assert forced["mode"] == "static_persistent" and not forced["kernel"].endswith(", 5>"), forced
+
+
+@pytest.mark.parametrize(
+    ("dtype", "m", "n", "kw"),
+    [(BF16, 32768, 128, {}), (BF16, 16384, 256, {}), (BF16, 262144, 64, {}), (BF16, 65536, 192, {}),
+     (BF16, 65536, 384, {}), (BF16, 65536, 512, {}), (BF16, 65536, 256, {"weight_dtype": torch.float32}),
+     (BF16, 65536, 256, {"elementwise_affine": False}), (torch.float32, 65536, 256, {}),
+     (BF16, 65536, 256, {"arch": "sm_100"})],
+)  # fmt: skip
+def test_dense_narrow_layer_norm_rule_leaves_other_rows(dtype, m, n, kw):
+    """Outside the LayerNorm dense rule: grids under 12 CTAs an SM at two
+    vectors (persistent at four), N = 64, uneven splits, rows past 384, float32
+    gamma or rows, no affine tensor, and sm_100."""
+    kw = {"sm_count": 132, "arch": "sm_90", **kw}
+    plan = rtcnorm.explain("layer_norm", (m, n), dtype, **kw)
+    assert not plan["kernel"].endswith(", 5>") and "1280 threads per SM" not in plan["reason"], plan
+
+
+ONE_WAVE_ROWS = [(2560, 1024), (4096, 1024), (1536, 2048), (2048, 2048), (768, 4096), (1024, 4096), (512, 8192)]
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize(("m", "n"), ONE_WAVE_ROWS)
+def test_one_wave_rows_preload_gamma_and_beta(op, m, n):
+    """16-bit rows of 128-thread CTAs in one wave at four an SM (launch bounds
+    of four: 128 registers for at most 128 bytes of row a thread) load gamma
+    (and beta) into registers beside x; ptxas fits them without spilling.
+    RMSNorm CTAs of more than two rows in grids of more than three an SM (4096
+    x 1024, 2048 x 2048), one more row block past the wave, float32 gamma or an
+    explicit fwd_min_blocks keep the plain loads."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, (m, n), BF16, resources=True, **kw)
+    assert plan["block"] == 128 and 2 * 132 < plan["row_blocks"] <= 4 * 132, plan
+    assert plan["kernel"].endswith(", 4>"), plan
+    rows_per_cta = 128 // plan["threads_per_row"]
+    packs = op == "layer_norm" or rows_per_cta <= 2 or plan["row_blocks"] <= 3 * 132
+    assert bool(kernel_flags(plan["kernel"]) & PRELOAD_AFFINE) == packs, plan
+    if not packs:
+        return
+    usage = plan["ptxas"]
+    assert usage["spill_stores"] == 0 and usage["spill_loads"] == 0, usage
+    past = rtcnorm.explain(op, (4 * 132 * rows_per_cta + 1, n), BF16, **kw)
+    wide = rtcnorm.explain(op, (m, n), BF16, weight_dtype=torch.float32, **kw)
+    with _tuning.override(fwd_min_blocks=4):
+        tuned = rtcnorm.explain(op, (m, n), BF16, **kw)
+    for other in (past, wide, tuned):
+        assert not kernel_flags(other["kernel"]) & PRELOAD_AFFINE, other
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize(("m", "n", "dtype"), [(3072, 1024, BF16), (1057, 2048, torch.float16), (768, 4096, BF16),
+                                               (300, 8192, BF16)])  # fmt: skip
+def test_gpu_one_wave_rows_preload_gamma_and_beta(poison, op, m, n, dtype):
+    """16-bit rows in one wave of 128-thread CTAs at four an SM, gamma (and
+    beta) loaded into registers beside x (RMSNorm: where the CTAs hold one or
+    two rows or number at most three an SM): forward and backward against the
+    reference, contiguous and row-strided, and y bitwise equal to the plain
+    loads' (the same arithmetic)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = rtcnorm.explain(op, (m, n), dtype)
+    if not 2 * sms < plan["row_blocks"] <= 4 * sms:
+        pytest.skip(f"{m} rows are not one wave at four CTAs an SM on {sms} SMs")
+    packs = op == "layer_norm" or plan["threads_per_row"] >= 64 or plan["row_blocks"] <= 3 * sms
+    assert plan["kernel"].endswith(", 4>") and bool(kernel_flags(plan["kernel"]) & PRELOAD_AFFINE) == packs, plan
+    for stride in (1, 2):
+        if op == "layer_norm":
+            x, w, b, _ = ln_inputs((stride * m, n), [n], dtype, "cuda", "weight_bias")
+            x = x[::stride]
+            check_layer_norm(x, [n], w, b, poison=poison)
+            args = (x, [n], w, b)
+        else:
+            x, w, _, _ = rms_inputs((stride * m, n), [n], dtype, "cuda", "weight")
+            x = x[::stride]
+            check_rms_norm(x, [n], w, poison=poison)
+            args = (x, [n], w)
+        fn = getattr(rtcnorm, op)
+        y = fn(*args)
+        with _tuning.override(fwd_affine_prefetch=1):
+            assert torch.equal(y, fn(*args))
+
+
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "kw", "keep"),
     [("layer_norm", (4096, 8192), BF16, {}, True), ("rms_norm", (16384, 8192), BF16, {}, True),
@@ -1057,14 +1173,16 @@ def test_column_gradient_grids_take_256_thread_ctas(op, shape, dtype, block, row
     ("m", "n", "fetch"),
     [(1, 4096, "preload"), (32, 4096, "preload"), (132, 8192, "preload"), (132, 4096, "preload"),
      (264, 4096, "preload"), (133, 8192, "preload"), (16384, 4096, None), (64, 16384, "preload"),
-     (1, 65536, "prefetch"), (529, 4096, None)],
+     (1, 65536, "prefetch"), (529, 4096, "preload"), (1057, 4096, None)],
 )  # fmt: skip
 def test_few_row_grids_fetch_gamma_beside_the_row(op, m, n, fetch):
     """Few-row grids (2 vectors a thread, at most 1024 threads per SM: 528 rows of
     4096 on 132 SMs) load gamma/beta into registers beside the row's loads
     (kPreloadAffine). A decode-sized grid of a longer row a thread (1x65536: 8
     vectors) fetches them into L1 instead (kPrefetchAffine). Grids of at most one
-    CTA per SM take launch bounds of one. Full grids do neither. Overrides: 1
+    CTA per SM take launch bounds of one. Full grids do neither, but for one
+    wave at four CTAs an SM (529 rows: 265 CTAs of two rows; 1057: 529 CTAs,
+    past one wave; test_one_wave_rows_preload_gamma_and_beta). Overrides: 1
     neither, 2 the L1 prefetch, 3 the preload wherever the row is in registers."""
     if op == "layer_norm" and n == 65536 and m <= 8 * 132:
         fetch = "preload"  # 8 cluster slices in registers, not one CTA's shared-memory row
@@ -1337,9 +1455,10 @@ def test_backward_few_row_cta_rule(op, shape, dtype, block, row_blocks):
 
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "residual", "tpr", "nv", "mode"),
-    [("layer_norm", (262144, 128), BF16, False, 4, 4, "multi_wave_cached"),
+    [("layer_norm", (262144, 128), BF16, False, 8, 2, "multi_wave_cached"),  # the dense narrow rule
      ("layer_norm", (32768, 128), BF16, False, 4, 4, "static_persistent"),
-     ("layer_norm", (65536, 256), BF16, False, 8, 4, "multi_wave_cached"),
+     ("layer_norm", (65536, 256), BF16, False, 16, 2, "multi_wave_cached"),  # the dense narrow rule
+     ("layer_norm", (65536, 256), torch.float32, False, 16, 4, "multi_wave_cached"),
      ("layer_norm", (16384, 512), BF16, False, 8, 8, "static_persistent"),
      ("layer_norm", (65536, 512), BF16, False, 8, 8, "multi_wave_cached"),
      ("layer_norm", (16384, 512), torch.float32, False, 32, 4, "multi_wave_cached"),
@@ -1356,7 +1475,8 @@ def test_narrow_forward_rows_vectors_per_thread(op, shape, dtype, residual, tpr,
     """Narrow forward rows: 2 vectors per thread, 4 for LayerNorm, 8 for 16-bit
     rows of more than 384 elements, unless a residual joins the row or the
     fuller CTAs would number under two per SM; at least 4 threads per row.
-    Persistent up to 16 x SMs row blocks counted at 2 vectors per thread."""
+    Persistent up to 16 x SMs row blocks counted at 2 vectors per thread. Rows
+    of the dense narrow rule take 2 (test_dense_narrow_layer_norm_rows)."""
     plan = rtcnorm.explain(op, shape, dtype, residual=residual, device="cpu", sm_count=132, arch="sm_90")
     assert (plan["threads_per_row"], plan["vecs_per_thread"], plan["mode"]) == (tpr, nv, mode), plan
     assert plan["block"] == 256 and plan["cached_row"]

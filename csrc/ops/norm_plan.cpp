@@ -182,35 +182,62 @@ static bool is_narrow_row(const NormProblem& p) {
 constexpr int kNarrowBaseVecs = 2;
 constexpr int kNarrowPersistentBlocksPerSm = 16;
 
-// Narrow 16-bit RMSNorm rows (no residual) whose vectors split evenly at the
-// base two a thread (N = 64, 128, 256) need 32 registers (ptxas, sm_80 and
-// sm_90: no spill), so launch bounds of 2048 threads an SM fit eight
-// 256-thread CTAs, where the narrow rule's 1024-thread bounds (64 registers)
-// fit four. A grid of 1-32 such CTAs an SM then issues every row's loads in
-// a round or a few as a plain multi-wave grid: no persistent loop, and no
-// 4-vector threads to fit one round of four CTAs (narrow_vecs_target). H100
-// kernel-only, L2 flushed, bf16, us (benchmarks/NOTES.md entry 70): 6144x128
-// 3.46 -> 3.08, 8192x128 3.81 -> 3.34, 16384x128 5.48 -> 4.62, 32768x128
-// 7.75 -> 7.22 (torch.compile's kernel 7.14), 65536x128 14.02 -> 13.82,
-// 4096x256 3.92 -> 3.40, 16384x256 7.60 -> 7.00, 65536x256 25.85 -> 25.29,
-// 32768x64 5.36 -> 4.88, but 262144x64 (4096 CTAs) 25.88 -> 26.17; fp16
-// alike. Left alone: grids under one CTA an SM (4096x128 at two vectors:
-// 128 CTAs, 3.00 -> 4.14), longer grids (within 1% either way: 262144x128
-// 47.92 / 48.43), uneven splits (N = 192 and 384, 16 and 32 threads for 24
-// and 48 vectors: 6-26% slower), rows past 384 (16384x512 at two vectors
-// 12.64 -> 13.84), and sm_100 (unmeasured; ptxas spills 8 bytes there at 32
-// registers).
-static bool dense_narrow_rms(const NormProblem& p, int sm_count, int arch, int cta_threads) {
+// Narrow 16-bit rows (no residual, 16-bit gamma and beta) whose vectors
+// split evenly at the base two a thread run as a plain multi-wave grid of
+// 256-thread CTAs at launch bounds past the narrow rule's 1024 threads an SM
+// (64 registers). dense_narrow_threads gives those bounds' threads an SM, or
+// 0 where the rule does not apply.
+//
+// RMSNorm (N = 64, 128, 256) needs 32 registers there (ptxas, sm_80 and
+// sm_90: no spill), so 2048 threads fit eight CTAs an SM. A grid of 1-32
+// such CTAs an SM then issues every row's loads in a round or a few: no
+// persistent loop, and no 4-vector threads to fit one round of four CTAs
+// (narrow_vecs_target). H100 kernel-only, L2 flushed, bf16, us
+// (benchmarks/NOTES.md entry 70): 6144x128 3.46 -> 3.08, 8192x128 3.81 ->
+// 3.34, 16384x128 5.48 -> 4.62, 32768x128 7.75 -> 7.22 (torch.compile's
+// kernel 7.14), 65536x128 14.02 -> 13.82, 4096x256 3.92 -> 3.40, 16384x256
+// 7.60 -> 7.00, 65536x256 25.85 -> 25.29, 32768x64 5.36 -> 4.88, but
+// 262144x64 (4096 CTAs) 25.88 -> 26.17; fp16 alike. Left alone: grids under
+// one CTA an SM (4096x128 at two vectors: 128 CTAs, 3.00 -> 4.14), longer
+// grids (within 1% either way: 262144x128 47.92 / 48.43), uneven splits (N =
+// 192 and 384, 16 and 32 threads for 24 and 48 vectors: 6-26% slower), rows
+// past 384 (16384x512 at two vectors 12.64 -> 13.84), and sm_100
+// (unmeasured; ptxas spills 8 bytes there at 32 registers).
+//
+// LayerNorm (N = 128, 256, with gamma and/or beta) spills 24 bytes at 32
+// registers and fits 48 with its gamma and beta loaded beside x
+// (kPreloadAffine, dense_narrow_preload): 1280 threads, five CTAs an SM. It
+// pays where the grid has at least 12 such CTAs an SM, past the four-vector
+// persistent grids (H100 kernel-only, L2 flushed, bf16, us, NOTES entry 71:
+// 32768x256 14.93 -> 14.16, 65536x256 26.85 -> 25.65, 131072x256 49.63 ->
+// 48.69, 65536x128 15.18 -> 14.13, 131072x128 26.98 -> 25.98, 262144x128
+// 49.52 -> 49.04); at 8 an SM and fewer it lost 2-4% (16384x256 7.87 ->
+// 8.07, 32768x128 7.85 -> 8.13), and N = 64 ran within 1.5% either way.
+constexpr int kDenseNarrowRmsThreads = 2048, kDenseNarrowLnThreads = 1280;
+constexpr int64_t kDenseNarrowLnMinBlocksPerSm = 12;
+
+static int dense_narrow_threads(const NormProblem& p, int sm_count, int arch, int cta_threads) {
   const int tune = norm_tuning().fwd_dense_narrow;
-  if (tune == 1 || arch > 90 || p.kind != kRmsNorm || p.residual) return false;
-  if (jit::element_size(p.dtype) != 2 || (p.has_weight && jit::element_size(p.wdtype) != 2)) return false;
+  if (tune == 1 || arch > 90 || p.residual || jit::element_size(p.dtype) != 2) return 0;
+  const bool affine = p.has_weight || p.has_bias;
+  if (affine && jit::element_size(p.wdtype) != 2) return 0;
+  const bool ln = p.kind == kLayerNorm;
+  // (LayerNorm's two vectors serve the rule's bounds: a tuning override of
+  // the bounds keeps its four.)
+  if (ln && (!affine || p.hidden < 128 || norm_tuning().fwd_min_blocks != 0)) return 0;
   const int64_t nvec = p.hidden / choose_vec(p);
   const int tpr = choose_tpr(nvec, kNarrowBaseVecs);
   // (16-bit rows past 384 elements take 8 vectors: narrow_vecs_target.)
-  if (nvec != int64_t(kNarrowBaseVecs) * tpr || p.hidden > 384) return false;
+  if (nvec != int64_t(kNarrowBaseVecs) * tpr || p.hidden > 384) return 0;
   const int64_t blocks = ceil_div(p.rows, std::max(1, cta_threads / tpr));
-  return tune == 2 || (blocks >= sm_count && blocks <= 32 * int64_t(sm_count));
+  const bool grid_ok =
+      ln ? blocks >= kDenseNarrowLnMinBlocksPerSm * sm_count : blocks >= sm_count && blocks <= 32 * int64_t(sm_count);
+  if (tune != 2 && !grid_ok) return 0;
+  return ln ? kDenseNarrowLnThreads : kDenseNarrowRmsThreads;
 }
+
+// Whether dense narrow rows of this op load gamma and beta beside x.
+static bool dense_narrow_preload(const NormProblem& p) { return p.kind == kLayerNorm; }
 
 static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_next) {
   if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 9;
@@ -275,8 +302,9 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
 // threads per SM, so the bytes each thread has in flight set the rows in
 // flight. Two 16-byte vectors per thread is the base. LayerNorm, whose two
 // row reductions per row weigh more, takes 4 (bf16 65536x256: 1997 -> 2203
-// GB/s, 131072x384 1895 -> 2590); RMSNorm with 4 lost 2-5% at 65536-262144
-// rows of 128-256. 16-bit rows of more than 384 elements take 8 in either
+// GB/s, 131072x384 1895 -> 2590; dense_narrow_threads has since taken
+// many-row grids of 128 and 256 to 2 at other launch bounds); RMSNorm with
+// 4 lost 2-5% at 65536-262144 rows of 128-256. 16-bit rows of more than 384 elements take 8 in either
 // op (16384x512: LayerNorm 1641 -> 2001, RMSNorm 1912 -> 2123). Neither
 // applies beside a residual (x and r in registers spill: 2222 -> 981) or
 // where the fewer, fuller CTAs would leave under two per SM (4096x512 lost
@@ -345,11 +373,26 @@ static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kW
 // 384-thread CTAs (2048x24576: 81.3 -> 82.6) and the same slices of a
 // cluster (256x262144: 165.8 -> 189.1) lost with it; RMSNorm's rows of
 // 32768 run two CTAs an SM (64 registers) and spilled (94 -> 132).
+//
+// So do rows whose launch bounds the planner set with the packs in mind
+// (packs_fit): the dense narrow LayerNorm rows (dense_narrow_threads), and
+// 16-bit rows of 128-thread CTAs in one wave at four an SM (128 registers a
+// thread for a row of at most 128 bytes). H100 kernel-only, L2 flushed, bf16,
+// us (NOTES entry 71): LayerNorm 3072x1024 6.72 -> 6.57, 4096x1024 8.07 ->
+// 7.81, 2048x2048 8.08 -> 7.82, 768x4096 7.37 -> 7.01, 384x8192 7.45 -> 7.10
+// (512x8192 8.12 -> 8.17); RMSNorm 2560x1024 5.57 -> 5.38, 3072x1024 6.20 ->
+// 5.81, 1536x2048 6.28 -> 6.04, 1024x4096 7.78 -> 7.37, 512x8192 7.81 ->
+// 7.28. RMSNorm CTAs of four or eight rows in grids of more than three an SM
+// lost (2048x2048 7.47 -> 7.81, 2-5% in three runs; 4096x1024 -2% to +5%
+// over four runs) and keep the plain loads. Across the standard shapes at 64
+// registers the packs spill and cost 40-200% (RMSNorm 4096x2048 12.5 ->
+// 22.0 us, LayerNorm 16384x8192 184 -> 479).
 static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool keep, bool in_regs, int nv,
-                                  bool latency_layout, bool small_grid, bool wide_ln) {
+                                  bool latency_layout, bool small_grid, bool wide_ln, bool packs_fit) {
   if (keep || !(p.has_weight || p.has_bias)) return 0u;
   if (override_value == 3) return in_regs ? kPreloadAffine : kPrefetchAffine;
   if (override_value > 0) return override_value == 2 ? kPrefetchAffine : 0u;
+  if (in_regs && packs_fit) return kPreloadAffine;
   if (in_regs && latency_layout && nv <= kLatencyVecs) return kPreloadAffine;
   const bool packs16 = jit::element_size(p.dtype) == 2 && jit::element_size(p.wdtype) == 2;
   if (in_regs && wide_ln && packs16) return kPreloadAffine;
@@ -377,7 +420,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
   const bool few_rows = !narrow && p.rows <= few_rows_max(p, sm_count);
   // Narrow rows the dense rule takes run at its two vectors a thread.
-  const bool dense_rule = narrow && dense_narrow_rms(p, sm_count, arch, kCtaThreads);
+  const int dense_threads = narrow ? dense_narrow_threads(p, sm_count, arch, kCtaThreads) : 0;
+  const bool dense_rule = dense_threads > 0;
   const int kFwdVecsTarget = pick(t.fwd_vecs_target, dense_rule ? kNarrowBaseVecs
                                                      : narrow   ? narrow_vecs_target(p, sm_count, kCtaThreads)
                                                                 : wide_vecs_target(few_rows));
@@ -452,6 +496,11 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool full_cta_row = !small_grid && !p.residual && tpr * rows == 128 && thread_bytes <= 128;
   const bool rms_fp32_row = p.kind == kRmsNorm && esize == 4 && wsize == 4;
   int reg_blocks = 4;
+  // Set where the one-wave rule below leaves 128 registers to a row of at
+  // most 128 bytes a thread, room for its gamma/beta packs, and where those
+  // load beside x (affine_fetch_rule): LayerNorm rows, and RMSNorm rows of
+  // CTAs of one or two rows or grids of at most three CTAs an SM.
+  bool one_wave_packs = false;
   // (An explicit fwd_min_blocks replaces reg_blocks below, whatever it is.)
   const bool fp32_ln_row =
       p.kind == kLayerNorm && esize == 4 && !p.residual && thread_bytes > 80 && t.reg_headroom != 1;
@@ -462,7 +511,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   else if (!p.residual && thread_bytes <= 80)
     reg_blocks = 8;
   else if (full_cta_row && esize == 2 && wsize == 2 && one_wave_at_4)
-    reg_blocks = 4;
+    reg_blocks = 4, one_wave_packs = p.kind == kLayerNorm || rows <= 2 || plan.row_blocks <= 3 * int64_t(sm_count);
   else if (full_cta_row && (rms_fp32_row || (esize == 2 && wsize == 2)))
     reg_blocks = rows >= 2 || rms_fp32_row ? 8 : 7;
   else if (full_cta_row && p.kind == kLayerNorm && wsize == 4)
@@ -517,8 +566,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // 2485).
   const bool narrow_persistent = plan.row_blocks * std::max(nv_row, kNarrowBaseVecs) <=
                                  int64_t(kNarrowBaseVecs) * kNarrowPersistentBlocksPerSm * sm_count;
-  // Rows of dense_narrow_rms at its two vectors a thread (a tuning override
-  // of the vectors or bounds opts out): eight 256-thread CTAs an SM, multi-wave.
+  // Rows of dense_narrow_threads at its two vectors a thread (a tuning
+  // override of the vectors or bounds opts out): 256-thread CTAs, multi-wave.
   const bool dense_narrow = dense_rule && reg_can && nv_row == kNarrowBaseVecs && t.fwd_min_blocks == 0;
 
   Reason why(explain ? &plan.reason : nullptr);
@@ -531,8 +580,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
           << " KB per CTA on sm_" << arch << "), so x is re-read for the normalize pass";
     } else if (dense_narrow) {
       mode = NormMode::kMultiWaveCached;
-      why << "narrow 16-bit RMSNorm rows at " << kNarrowBaseVecs << " vectors per thread (32 registers): " << rows
-          << " rows per CTA, one CTA per row block, launch bounds of 2048 threads per SM";
+      why << "narrow 16-bit rows at " << kNarrowBaseVecs << " vectors per thread (" << 65536 / dense_threads / 8 * 8
+          << " registers): " << rows << " rows per CTA, one CTA per row block, launch bounds of " << dense_threads
+          << " threads per SM" << (dense_narrow_preload(p) ? ", gamma/beta loaded beside x" : "");
     } else if (narrow && narrow_persistent) {
       mode = NormMode::kStaticPersistent;
       why << "narrow rows (N <= " << kNarrowRow << ") and at most " << kNarrowPersistentBlocksPerSm << " row blocks of "
@@ -574,19 +624,25 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const int nv = in_regs ? nv_row : std::min(nv_row, smem_fits ? smem_vecs : kFwdVecsTarget);
   const int wtensors = int(p.has_weight) + int(p.has_bias);
   const bool keep = plan.persistent && in_regs && wtensors > 0 && nv * vec * wtensors <= pick(t.keep_gamma_floats, 16);
+  // dense_narrow: dense_threads an SM, past min_blocks_for's 64-register
+  // floor (a mode forced persistent keeps the narrow bounds: its kept gamma
+  // needs them).
+  const bool dense_bounds = dense_narrow && !plan.persistent && in_regs;
+  const bool packs_fit = (dense_bounds && dense_narrow_preload(p)) || (one_wave_packs && t.fwd_min_blocks == 0);
 
   KernelKey k = base_key(p, fwd_family(p.kind), arch);
   k.vec = static_cast<int16_t>(vec);
   k.threads_per_row = static_cast<int16_t>(tpr);
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
-  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
-            (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
-            (keep ? kKeepGamma : 0u) |
-            hint_bits(t.fwd_hints, (p.hidden >= 32768 && !in_smem) || plan.prefetch_ahead,
-                      (plan.persistent && in_regs) || plan.prefetch_ahead) |
-            affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
-                              !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes));
+  k.flags =
+      (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
+      (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
+      (keep ? kKeepGamma : 0u) |
+      hint_bits(t.fwd_hints, (p.hidden >= 32768 && !in_smem) || plan.prefetch_ahead,
+                (plan.persistent && in_regs) || plan.prefetch_ahead) |
+      affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
+                        !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes), packs_fit);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
@@ -613,11 +669,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   if (in_regs && narrow && p.kind == kLayerNorm && esize == 2 && jit::element_size(p.wdtype) == 4 &&
       nv * vec * esize > 80 && t.fwd_min_blocks == 0 && t.reg_headroom != 1)
     min_blocks = blocks_leaving(tpr * rows, min_blocks, 96);
-  // dense_narrow: 2048 threads an SM, past min_blocks_for's 64-register floor
-  // (a mode forced persistent keeps the narrow bounds: its kept gamma needs them).
-  const bool dense_bounds = dense_narrow && !plan.persistent && in_regs;
-  k.variant =
-      static_cast<int16_t>(dense_bounds ? std::max(1, 2048 / (tpr * rows)) : min_blocks_for(tpr * rows, min_blocks));
+  k.variant = static_cast<int16_t>(dense_bounds ? std::max(1, dense_threads / (tpr * rows))
+                                                : min_blocks_for(tpr * rows, min_blocks));
   plan.key = k;
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << (in_smem ? "; shared memory " + std::to_string(plan.smem) + " bytes" : std::string())

@@ -120,9 +120,10 @@ struct NormTuning {
   // later (kDeferStats, a persistent grid); stages of that ring, 3-5.
   int fwd_defer_stats = 0;
   int fwd_ring_stages = 0;
-  // Forward, narrow 16-bit RMSNorm rows at two vectors a thread: 1 = the
-  // plans before the dense narrow rule (norm_plan.cpp, dense_narrow_rms), 2 =
-  // the rule wherever its static conditions hold, whatever the grid.
+  // Forward, narrow 16-bit rows at two vectors a thread (RMSNorm, and
+  // LayerNorm with gamma and/or beta): 1 = the plans before the dense narrow
+  // rule (norm_plan.cpp, dense_narrow_threads), 2 = the rule wherever its
+  // static conditions hold, whatever the grid.
   int fwd_dense_narrow = 0;
   // Forward and backward launch bounds: 1 = the bounds before the register
   // headroom rules (norm_plan.cpp, blocks_leaving / regs_at), for A/B runs.
