@@ -10,14 +10,24 @@ import pytest
 import torch
 from reference import assert_close, ref_layer_norm, ref_rms_norm, rows_of, stat_dtype
 
-# kStreamStore and kPrefetchNext in a kernel key's flags (csrc/kernels/common/params.cuh).
+# kStreamStore, kPrefetchNext and kPreloadAffine in a kernel key's flags
+# (csrc/kernels/common/params.cuh).
 STREAM_STORE = 1 << 10
 PREFETCH_NEXT = 1 << 11
+PRELOAD_AFFINE = 1 << 24
 
 
 def kernel_flags(kernel: str) -> int:
     """The flags of a kernel instantiation as explain() names it."""
     return int(kernel.split(", ")[-2].rstrip("u"))
+
+
+def one_wave_packs(op: str, plan: dict, sms: int) -> bool:
+    """Whether a forward plan of the one-wave rule (128-thread CTAs, 2-4 an SM)
+    loads gamma (and beta) beside x: LayerNorm always, RMSNorm where its CTAs
+    hold one or two rows or number at most three an SM (ops/norm_plan.cpp)."""
+    rows_per_cta = plan["block"] // plan["threads_per_row"]
+    return op == "layer_norm" or rows_per_cta <= 2 or plan["row_blocks"] <= 3 * sms
 
 
 def column_cluster(kernel: str) -> int:

@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 import rtcnorm
 import torch
-from norm_checks import PREFETCH_NEXT, check_layer_norm, check_rms_norm, kernel_flags, ln_inputs, rms_inputs
+from norm_checks import (
+    PREFETCH_NEXT,
+    PRELOAD_AFFINE,
+    check_layer_norm,
+    check_rms_norm,
+    kernel_flags,
+    ln_inputs,
+    one_wave_packs,
+    rms_inputs,
+)
 from reference import assert_close, ref_layer_norm, ref_rms_norm
 from rtcnorm import _tuning
 
@@ -672,6 +681,33 @@ def test_register_headroom_bounds(op, m, n, dtype, variant, phase, poison):
     if torch.cuda.get_device_capability() == (9, 0):
         assert bound() < before
     check_forward_bits(op, x, w, b, zcg, r, previous, poison)
+    check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+@pytest.mark.parametrize(
+    ("m", "n", "dtype"),
+    [(3072, 1024, torch.bfloat16), (1057, 2048, torch.float16), (768, 4096, torch.bfloat16),
+     (300, 8192, torch.bfloat16)],
+)  # fmt: skip
+def test_one_wave_rows_with_gamma_beside_x_match_plain_loads(op, m, n, dtype, poison):
+    """16-bit rows in one wave of 128-thread CTAs at four an SM, gamma (and
+    beta) loaded into registers beside x (RMSNorm: where the CTAs hold one or
+    two rows or number at most three an SM): forward outputs bitwise those of
+    the plain loads (the same arithmetic), contiguous and row-strided, and
+    forward and backward against the reference."""
+    variant = "weight_bias" if op == "layer_norm" else "weight"
+    x, w, b, zcg, r, kwargs = op_inputs(op, 2 * m, n, dtype, variant)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = rtcnorm.explain(op, (m, n), dtype, **kwargs)
+    if not 2 * sms < plan["row_blocks"] <= 4 * sms:
+        pytest.skip(f"{m} rows are not one wave at four CTAs an SM on {sms} SMs")
+    preload = bool(kernel_flags(plan["kernel"]) & PRELOAD_AFFINE)
+    assert plan["kernel"].endswith(", 4>") and preload == one_wave_packs(op, plan, sms), plan
+    for rows in (x[:m], x[::2]):
+        with _tuning.override(fwd_affine_prefetch=1):
+            plain = forward_outputs(op, rows, w, b, zcg, r)
+        check_forward_bits(op, rows, w, b, zcg, r, plain, poison)
     check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
 
 

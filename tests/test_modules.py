@@ -9,17 +9,7 @@ import pytest
 import rtcnorm
 import torch
 import torch.autograd.forward_ad as fwad
-from norm_checks import (
-    PREFETCH_NEXT,
-    STREAM_STORE,
-    check_layer_norm,
-    check_rms_norm,
-    column_cluster,
-    kernel_flags,
-    ln_inputs,
-    randn,
-    rms_inputs,
-)
+from norm_checks import PREFETCH_NEXT, PRELOAD_AFFINE, STREAM_STORE, column_cluster, kernel_flags, one_wave_packs, randn
 from reference import assert_close
 from rtcnorm import _tuning
 
@@ -727,52 +717,18 @@ def test_one_wave_rows_preload_gamma_and_beta(op, m, n):
     plan = rtcnorm.explain(op, (m, n), BF16, resources=True, **kw)
     assert plan["block"] == 128 and 2 * 132 < plan["row_blocks"] <= 4 * 132, plan
     assert plan["kernel"].endswith(", 4>"), plan
-    rows_per_cta = 128 // plan["threads_per_row"]
-    packs = op == "layer_norm" or rows_per_cta <= 2 or plan["row_blocks"] <= 3 * 132
+    packs = one_wave_packs(op, plan, 132)
     assert bool(kernel_flags(plan["kernel"]) & PRELOAD_AFFINE) == packs, plan
     if not packs:
         return
     usage = plan["ptxas"]
     assert usage["spill_stores"] == 0 and usage["spill_loads"] == 0, usage
-    past = rtcnorm.explain(op, (4 * 132 * rows_per_cta + 1, n), BF16, **kw)
+    past = rtcnorm.explain(op, (4 * 132 * (128 // plan["threads_per_row"]) + 1, n), BF16, **kw)
     wide = rtcnorm.explain(op, (m, n), BF16, weight_dtype=torch.float32, **kw)
     with _tuning.override(fwd_min_blocks=4):
         tuned = rtcnorm.explain(op, (m, n), BF16, **kw)
     for other in (past, wide, tuned):
         assert not kernel_flags(other["kernel"]) & PRELOAD_AFFINE, other
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-@pytest.mark.parametrize(("m", "n", "dtype"), [(3072, 1024, BF16), (1057, 2048, torch.float16), (768, 4096, BF16),
-                                               (300, 8192, BF16)])  # fmt: skip
-def test_gpu_one_wave_rows_preload_gamma_and_beta(poison, op, m, n, dtype):
-    """16-bit rows in one wave of 128-thread CTAs at four an SM, gamma (and
-    beta) loaded into registers beside x (RMSNorm: where the CTAs hold one or
-    two rows or number at most three an SM): forward and backward against the
-    reference, contiguous and row-strided, and y bitwise equal to the plain
-    loads' (the same arithmetic)."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = rtcnorm.explain(op, (m, n), dtype)
-    if not 2 * sms < plan["row_blocks"] <= 4 * sms:
-        pytest.skip(f"{m} rows are not one wave at four CTAs an SM on {sms} SMs")
-    packs = op == "layer_norm" or plan["threads_per_row"] >= 64 or plan["row_blocks"] <= 3 * sms
-    assert plan["kernel"].endswith(", 4>") and bool(kernel_flags(plan["kernel"]) & PRELOAD_AFFINE) == packs, plan
-    for stride in (1, 2):
-        if op == "layer_norm":
-            x, w, b, _ = ln_inputs((stride * m, n), [n], dtype, "cuda", "weight_bias")
-            x = x[::stride]
-            check_layer_norm(x, [n], w, b, poison=poison)
-            args = (x, [n], w, b)
-        else:
-            x, w, _, _ = rms_inputs((stride * m, n), [n], dtype, "cuda", "weight")
-            x = x[::stride]
-            check_rms_norm(x, [n], w, poison=poison)
-            args = (x, [n], w)
-        fn = getattr(rtcnorm, op)
-        y = fn(*args)
-        with _tuning.override(fwd_affine_prefetch=1):
-            assert torch.equal(y, fn(*args))
 
 
 @pytest.mark.parametrize(
@@ -1039,7 +995,6 @@ def test_backward_staged_slices_rule(op, shape, kw, arch, slices, block):
 
 KEEP_TERMS = 1 << 22
 DIRECT_GRADS = 1 << 23
-PRELOAD_AFFINE = 1 << 24
 GAMMA_BESIDE_ROW = 1 << 25
 
 
