@@ -162,6 +162,20 @@ __device__ __forceinline__ void prefetch_row(const T* base, long long off, int l
   }
 }
 
+// A vector of x (or of the residual) as the plan reads it: around L1
+// (L1::no_allocate), with the 256-byte L2 prefetch hint (PF), or, with
+// kL1Allocate (inputs of 40 MB or more), as an ordinary ld.global, which
+// allocates in L1 on the load/store path. That ran up to 1.4% faster than
+// ld.global.nc through L1 (H100, bf16 RMSNorm 2048x32768 94.3 -> 93.1 us;
+// benchmarks/NOTES.md entry 72). Safe because no CTA writes what it reads.
+template <typename T, int VEC, bool PF, bool ALLOC>
+__device__ __forceinline__ Pack<T, VEC> load_row_vec(const T* base, long long elem_offset) {
+  if constexpr (ALLOC && !PF)
+    return load_coherent<T, VEC>(base, elem_offset);
+  else
+    return load_nc<T, VEC, PF>(base, elem_offset);
+}
+
 // gamma and beta of one vector as stored (a tensor the kernel lacks is not read).
 template <typename W, int VEC>
 struct AffinePacks {
@@ -317,7 +331,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         ok[i] = row_ok && (kEven || v < kVecs);
-        if (ok[i]) xv[i] = load_nc<T, VEC, kPf, kAlloc>(x, xoff + 1LL * v * VEC);
+        if (ok[i]) xv[i] = load_row_vec<T, VEC, kPf, kAlloc>(x, xoff + 1LL * v * VEC);
       }
       if constexpr (kPreload) {
 #pragma unroll
@@ -341,7 +355,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         for (int i = 0; i < NV; ++i) {
           if (!ok[i]) continue;
           const int v = c * kChunk + i * TPR + lane;
-          const PT rv = load_nc<T, VEC, kPf, kAlloc>(res, roff + 1LL * v * VEC);
+          const PT rv = load_row_vec<T, VEC, kPf, kAlloc>(res, roff + 1LL * v * VEC);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(elem_float(xv[i], j) + elem_float(rv, j));
           store<T, VEC>(h, yoff + 1LL * v * VEC, xv[i]);
@@ -392,7 +406,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         else if constexpr (kRes)
           xv = load_coherent<T, VEC>(h, yoff + 1LL * v * VEC);
         else
-          xv = load_nc<T, VEC, false, kAlloc>(x, xoff + 1LL * v * VEC);
+          xv = load_row_vec<T, VEC, false, kAlloc>(x, xoff + 1LL * v * VEC);
         float g[VEC], b[VEC];
         if constexpr (kKeep) {
 #pragma unroll

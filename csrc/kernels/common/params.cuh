@@ -55,8 +55,9 @@ enum NormFlags : unsigned {
   // LayerNorm forward, row cached in registers by one CTA: the mean from a
   // first row reduction, then the squared deviations from it in a second.
   kTwoPassStats = 1u << 17,
-  // forward: x (and the residual) are read through L1 (ld.global.nc) rather
-  // than around it (L1::no_allocate); chosen for inputs of 40 MB or more.
+  // forward: x (and the residual) are read through L1 (an ordinary
+  // ld.global) rather than around it (ld.global.nc.L1::no_allocate); chosen
+  // for inputs of 40 MB or more.
   kL1Allocate = 1u << 18,
   // backward, staged rows: the ring holds 2 + this field stages (2-5), so
   // that many rows' copies minus one are in flight while the CTA works on one.
