@@ -1157,8 +1157,8 @@ static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int
 }
 
 // Forward inputs of 40 MB or more (near or past H100's 50 MB L2) are read
-// through L1 (kL1Allocate: ordinary loads since entry 72, ld.global.nc
-// before) rather than around it. H100 kernel-only, L2 flushed, both ways
+// through L1 (kL1Allocate: 16-bit rows by ordinary loads since entry 72,
+// ld.global.nc before and for float32) rather than around it. H100 kernel-only, L2 flushed, both ways
 // interleaved (benchmarks/NOTES.md entry 27): 1.0-1.5% faster from 40 MB of
 // x up (bf16 RMSNorm 16384x8192 182.3 -> 180.0 us, LayerNorm 16384x7168
 // 162.6 -> 160.5, fp32 LayerNorm 8192x8192 188.6 -> 184.7), but 0.5-4%

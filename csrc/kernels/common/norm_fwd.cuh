@@ -164,16 +164,18 @@ __device__ __forceinline__ void prefetch_row(const T* base, long long off, int l
 
 // A vector of x (or of the residual) as the plan reads it: around L1
 // (L1::no_allocate), with the 256-byte L2 prefetch hint (PF), or, with
-// kL1Allocate (inputs of 40 MB or more), as an ordinary ld.global, which
-// allocates in L1 on the load/store path. That ran up to 1.4% faster than
-// ld.global.nc through L1 (H100, bf16 RMSNorm 2048x32768 94.3 -> 93.1 us;
-// benchmarks/NOTES.md entry 72). Safe because no CTA writes what it reads.
+// kL1Allocate (inputs of 40 MB or more), through L1. 16-bit rows take an
+// ordinary ld.global there, which allocates in L1 on the load/store path:
+// up to 1.4% faster than ld.global.nc (H100, bf16 RMSNorm 2048x32768 94.3 ->
+// 93.1 us; benchmarks/NOTES.md entry 72), and safe because no CTA writes
+// what it reads. float32 rows keep ld.global.nc: with ordinary loads ptxas
+// spilled their LayerNorm rows (32768 wide: 72 bytes at 128 registers).
 template <typename T, int VEC, bool PF, bool ALLOC>
 __device__ __forceinline__ Pack<T, VEC> load_row_vec(const T* base, long long elem_offset) {
-  if constexpr (ALLOC && !PF)
+  if constexpr (ALLOC && !PF && sizeof(T) == 2)
     return load_coherent<T, VEC>(base, elem_offset);
   else
-    return load_nc<T, VEC, PF>(base, elem_offset);
+    return load_nc<T, VEC, PF, ALLOC>(base, elem_offset);
 }
 
 // gamma and beta of one vector as stored (a tensor the kernel lacks is not read).

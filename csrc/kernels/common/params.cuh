@@ -56,8 +56,8 @@ enum NormFlags : unsigned {
   // first row reduction, then the squared deviations from it in a second.
   kTwoPassStats = 1u << 17,
   // forward: x (and the residual) are read through L1 (an ordinary
-  // ld.global) rather than around it (ld.global.nc.L1::no_allocate); chosen
-  // for inputs of 40 MB or more.
+  // ld.global for 16-bit rows, ld.global.nc for float32) rather than around
+  // it (ld.global.nc.L1::no_allocate); chosen for inputs of 40 MB or more.
   kL1Allocate = 1u << 18,
   // backward, staged rows: the ring holds 2 + this field stages (2-5), so
   // that many rows' copies minus one are in flight while the CTA works on one.

@@ -9,11 +9,11 @@
 // - load_nc: the read-only (non-coherent) path, for inputs nothing in the same
 //   kernel writes. `L1::no_allocate` keeps streamed rows from evicting reused
 //   data such as gamma; L1_ALLOC lets them allocate in L1 instead (softmax
-//   inputs of 40 MB or more).
+//   inputs and float32 norm rows of 40 MB or more).
 // - load_coherent: an ordinary load, for data this kernel wrote earlier (the
 //   residual sum h, the dW partial row), where the .nc path may return stale
-//   data; the norm forward also reads inputs of 40 MB or more with it
-//   (norm_fwd.cuh, load_row_vec).
+//   data; the norm forward also reads 16-bit inputs of 40 MB or more with
+//   it (norm_fwd.cuh, load_row_vec).
 #pragma once
 
 #include "common/types.cuh"
