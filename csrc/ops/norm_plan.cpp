@@ -304,12 +304,12 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
 // row reductions per row weigh more, takes 4 (bf16 65536x256: 1997 -> 2203
 // GB/s, 131072x384 1895 -> 2590; dense_narrow_threads has since taken
 // many-row grids of 128 and 256 to 2 at other launch bounds); RMSNorm with
-// 4 lost 2-5% at 65536-262144 rows of 128-256. 16-bit rows of more than 384 elements take 8 in either
-// op (16384x512: LayerNorm 1641 -> 2001, RMSNorm 1912 -> 2123). Neither
-// applies beside a residual (x and r in registers spill: 2222 -> 981) or
-// where the fewer, fuller CTAs would leave under two per SM (4096x512 lost
-// 22-28%). A row keeps at least 4 threads: at 2 (128 rows per CTA) N = 64
-// and 128 ran at 36-87% of the best.
+// 4 lost 2-5% at 65536-262144 rows of 128-256. 16-bit rows of more than 384
+// elements take 8 in either op (16384x512: LayerNorm 1641 -> 2001, RMSNorm
+// 1912 -> 2123). Neither applies beside a residual (x and r in registers
+// spill: 2222 -> 981) or where the fewer, fuller CTAs would leave under two
+// per SM (4096x512 lost 22-28%). A row keeps at least 4 threads: at 2 (128
+// rows per CTA) N = 64 and 128 ran at 36-87% of the best.
 //
 // RMSNorm takes 4 too where its CTAs at 4 vectors number at most one round
 // of the CTAs launch bounds keep resident (1024 threads per SM): every load
@@ -1158,9 +1158,9 @@ static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int
 
 // Forward inputs of 40 MB or more (near or past H100's 50 MB L2) are read
 // through L1 (kL1Allocate: 16-bit rows by ordinary loads since entry 72,
-// ld.global.nc before and for float32) rather than around it. H100 kernel-only, L2 flushed, both ways
-// interleaved (benchmarks/NOTES.md entry 27): 1.0-1.5% faster from 40 MB of
-// x up (bf16 RMSNorm 16384x8192 182.3 -> 180.0 us, LayerNorm 16384x7168
+// ld.global.nc before and for float32) rather than around it. H100
+// kernel-only, L2 flushed, both ways interleaved (benchmarks/NOTES.md entry
+// 27): 1.0-1.5% faster from 40 MB of x up (bf16 RMSNorm 16384x8192 182.3 -> 180.0 us, LayerNorm 16384x7168
 // 162.6 -> 160.5, fp32 LayerNorm 8192x8192 188.6 -> 184.7), but 0.5-4%
 // slower at 32 MB and below (LayerNorm 4096x4096 25.7 -> 26.6, 8192x2048
 // 26.2 -> 26.7), so L2-sized inputs keep L1::no_allocate. The backward
