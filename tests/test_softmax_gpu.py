@@ -7,6 +7,8 @@ CTA rows, 1024-thread rows, streamed rows), dtype, mask form and layout.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import rtcnorm
 import torch
@@ -21,6 +23,7 @@ from softmax_reference import (
     call,
     check_op,
     default_shape,
+    poison_next_alloc,
     random_input,
     random_mask,
     reference_softmax,
@@ -251,3 +254,44 @@ def test_gpu_cuda_graph_after_warmup():
     g.replay()
     torch.cuda.synchronize()
     assert_forward_close(out, reference_softmax(static_x, 0.5, None, True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("op", "shape"),
+    [
+        ("scaled_masked_softmax", (1, 32, 8193, 8193)),  # a mask broadcast over heads
+        ("scaled_upper_triang_masked_softmax", (1, 32, 8193, 8193)),
+        ("scaled_aligned_causal_masked_softmax", (1, 16, 4097, 32769)),  # odd rows: one element a vector
+        ("scaled_softmax", (1, 2049, 1, 1048577)),  # rows streamed through the online pass
+    ],
+    ids=["masked", "upper_triang", "aligned_causal", "streamed"],
+)
+def test_gpu_more_than_2_pow_31_elements(op, shape):
+    """Element offsets past 2^31 (64-bit row offsets): every element of the
+    forward and the backward against the fp32 reference, one head (or a
+    slice of rows) at a time."""
+    numel = math.prod(shape)
+    assert numel > 2**31
+    need = 4 * numel * 2 + (4 << 30)
+    free, _ = torch.cuda.mem_get_info()
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} free")
+    causal = op in CAUSAL_OPS
+    scale = 0.37
+    # Drawn in bf16 on the device: an fp32 draw of this size would need 8.6 GiB more.
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda") * 3
+    mask = (torch.rand((1, 1) + shape[2:], device="cuda") < 0.3) if op == "scaled_masked_softmax" else None
+    poison_next_alloc(x)
+    y = call(op, x, mask, scale)
+    dy = torch.randn_like(x)
+    poison_next_alloc(x)
+    dx = torch.ops.rtcnorm.scaled_softmax_backward(dy, y, scale, causal)
+    torch.cuda.synchronize()
+    step = max(1, (1 << 26) // (shape[2] * shape[3]))
+    for h in range(0, shape[1], step):
+        part = slice(h, h + step)
+        y_ref = reference_softmax(x[:, part], scale, mask, causal)
+        assert_forward_close(y[:, part], y_ref, what=f"{op} forward, heads {h}+")
+        dx_ref = reference_softmax_backward(dy[:, part], y_ref, scale, causal)
+        assert_backward_close(dx[:, part], dx_ref, y_ref, dy[:, part], scale, what=f"{op} backward, heads {h}+")
