@@ -1650,3 +1650,57 @@ def test_compile_fullgraph_cpu_dynamic_shapes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compile_fullgraph_cuda_inductor(dtype):
     _compile_matches_eager("cuda", dtype, "inductor", shape=(8, 33, 1024))
+
+
+@pytest.mark.gpu
+def test_compile_reduce_overhead_replays_cuda_graphs():
+    """mode="reduce-overhead" records the ops into CUDA graphs after its
+    warm-up runs (which compile and load the kernels) and replays them on
+    fresh inputs."""
+    torch._dynamo.reset()
+    block = randomize(Block(256, BF16, "cuda"))
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(5):
+            x, r = randn((8, 33, 256), BF16, "cuda"), randn((8, 33, 256), BF16, "cuda")
+            got = compiled(x, r).clone()
+            assert_close(got, block(x, r).double(), what="reduce-overhead y")
+
+
+# ---- torch.export ----------------------------------------------------------------
+
+
+class ExportBlock(Block):
+    """Block plus causal attention scores through FusedScaleMaskSoftmax."""
+
+    def __init__(self, n, dtype, device):
+        super().__init__(n, dtype, device)
+        self.softmax = rtcnorm.FusedScaleMaskSoftmax("causal", scale=n**-0.5)
+
+    def forward(self, x, r):
+        h = super().forward(x, r)
+        return self.softmax((h @ h.transpose(-1, -2)).unsqueeze(1))
+
+
+def _export_matches_eager(device, dtype, n=64):
+    block = randomize(ExportBlock(n, dtype, device))
+    batch = torch.export.Dim("batch", min=1, max=64)
+    x, r = randn((3, 9, n), dtype, device), randn((3, 9, n), dtype, device)
+    ep = torch.export.export(block, (x, r), dynamic_shapes={"x": {0: batch}, "r": {0: batch}})
+    targets = {str(node.target) for node in ep.graph.nodes if node.op == "call_function"}
+    for op in ("add_rms_norm", "layer_norm", "scaled_upper_triang_masked_softmax"):
+        assert f"rtcnorm.{op}.default" in targets, f"{op} missing from the exported graph: {sorted(targets)}"
+    for b in (1, 5):  # batch sizes other than the traced one
+        x, r = randn((b, 9, n), dtype, device), randn((b, 9, n), dtype, device)
+        got = ep.module()(x, r)
+        assert got.shape == (b, 1, 9, 9)
+        assert torch.equal(got, block(x, r)), "the exported program must run the same kernels as eager"
+
+
+def test_export_with_a_dynamic_batch_cpu():
+    _export_matches_eager("cpu", torch.float32)
+
+
+@pytest.mark.gpu
+def test_export_with_a_dynamic_batch_cuda():
+    _export_matches_eager("cuda", torch.bfloat16)
