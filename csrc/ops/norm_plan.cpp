@@ -1158,15 +1158,15 @@ static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int
 
 // Forward inputs of 40 MB or more (near or past H100's 50 MB L2) are read
 // through L1 (kL1Allocate: 16-bit rows by ordinary loads since entry 72,
-// ld.global.nc before and for float32) rather than around it. H100
-// kernel-only, L2 flushed, both ways interleaved (benchmarks/NOTES.md entry
-// 27): 1.0-1.5% faster from 40 MB of x up (bf16 RMSNorm 16384x8192 182.3 -> 180.0 us, LayerNorm 16384x7168
-// 162.6 -> 160.5, fp32 LayerNorm 8192x8192 188.6 -> 184.7), but 0.5-4%
-// slower at 32 MB and below (LayerNorm 4096x4096 25.7 -> 26.6, 8192x2048
-// 26.2 -> 26.7), so L2-sized inputs keep L1::no_allocate. The backward
-// keeps it everywhere: through L1 it lost 1-5% (fp32 RMSNorm 16384x4096 284
-// -> 301 us). So do rows split across a cluster, whose slices ran 1-3%
-// slower through L1 (RMSNorm 512x131072 106.4 -> 107.8 us, 256x262144
+// ld.global.nc before and for float32) rather than around it. H100 kernel-only,
+// L2 flushed, both ways interleaved (benchmarks/NOTES.md entry 27): 1.0-1.5%
+// faster from 40 MB of x up (bf16 RMSNorm 16384x8192 182.3 -> 180.0 us,
+// LayerNorm 16384x7168 162.6 -> 160.5, fp32 LayerNorm 8192x8192 188.6 ->
+// 184.7), but 0.5-4% slower at 32 MB and below (LayerNorm 4096x4096 25.7 ->
+// 26.6, 8192x2048 26.2 -> 26.7), so L2-sized inputs keep L1::no_allocate. The
+// backward keeps it everywhere: through L1 it lost 1-5% (fp32 RMSNorm
+// 16384x4096 284 -> 301 us). So do rows split across a cluster, whose slices
+// ran 1-3% slower through L1 (RMSNorm 512x131072 106.4 -> 107.8 us, 256x262144
 // 111.4 -> 114.7; LayerNorm 512x131072 153.1 -> 157.4).
 static NormFwdPlan with_load_rule(NormFwdPlan plan, const NormProblem& p, bool explain) {
   const int forced = norm_tuning().fwd_l1_alloc;
