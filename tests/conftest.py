@@ -80,6 +80,19 @@ def poison():
     return fill
 
 
+@pytest.fixture
+def require_gpu_memory():
+    """Returns ``require(nbytes)``: skips the test unless the device has at
+    least ``nbytes`` free (the tests of more than 2^31 elements)."""
+
+    def require(nbytes: int) -> None:
+        free, _ = torch.cuda.mem_get_info()
+        if free < nbytes:
+            pytest.skip(f"needs {nbytes / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} free")
+
+    return require
+
+
 @pytest.fixture(scope="session")
 def gpu_kernels():
     """Compiles (or loads from the disk cache) every aligned-tensor kernel the

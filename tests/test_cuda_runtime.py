@@ -1154,13 +1154,10 @@ def _chunked_weight_grads(op, t, out, chunk=1 << 14):
     "shape", [(524289, 4096), (16777217, 128), (32769, 65536)], ids=["wide_rows", "narrow_rows", "streamed_rows"]
 )
 @pytest.mark.parametrize("op", NORM_OPS)
-def test_more_than_2_pow_31_elements(op, shape, poison):
+def test_more_than_2_pow_31_elements(op, shape, poison, require_gpu_memory):
     numel = shape[0] * shape[1]
     assert numel > 2**31
-    need = 5 * numel * 2 + (2 << 30)
-    free, _ = torch.cuda.mem_get_info()
-    if free < need:
-        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} free")
+    require_gpu_memory(5 * numel * 2 + (2 << 30))
     # Drawn in bf16 directly: a float64 draw of this size would need 17 GiB on its own.
     x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(shape[-1], dtype=torch.bfloat16, device="cuda") * 0.5 + 1

@@ -267,16 +267,13 @@ def test_gpu_cuda_graph_after_warmup():
     ],
     ids=["masked", "upper_triang", "aligned_causal", "streamed"],
 )
-def test_gpu_more_than_2_pow_31_elements(op, shape):
+def test_gpu_more_than_2_pow_31_elements(op, shape, require_gpu_memory):
     """Element offsets past 2^31 (64-bit row offsets): every element of the
     forward and the backward against the fp32 reference, one head (or a
     slice of rows) at a time."""
     numel = math.prod(shape)
     assert numel > 2**31
-    need = 4 * numel * 2 + (4 << 30)
-    free, _ = torch.cuda.mem_get_info()
-    if free < need:
-        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} free")
+    require_gpu_memory(4 * numel * 2 + (4 << 30))
     causal = op in CAUSAL_OPS
     scale = 0.37
     # Drawn in bf16 on the device: an fp32 draw of this size would need 8.6 GiB more.
