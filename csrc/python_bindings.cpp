@@ -69,8 +69,8 @@ constexpr Tunable kTunables[] = {
     {"bwd_split", &NormTuning::bwd_split, 2},
     {"bwd_split_rows", &NormTuning::bwd_split_rows, 16},
     {"narrow_row", &NormTuning::narrow_row, kNoCap},
-    {"fwd_hints", &NormTuning::fwd_hints, 8},
-    {"bwd_hints", &NormTuning::bwd_hints, 8},
+    {"fwd_hints", &NormTuning::fwd_hints, 4},
+    {"bwd_hints", &NormTuning::bwd_hints, 4},
     {"fwd_affine_prefetch", &NormTuning::fwd_affine_prefetch, 3},
     {"fwd_cluster", &NormTuning::fwd_cluster, 16},
     {"bwd_cluster", &NormTuning::bwd_cluster, 16},
@@ -92,6 +92,8 @@ constexpr Tunable kTunables[] = {
     {"fwd_ring_stages", &NormTuning::fwd_ring_stages, 5},
     {"fwd_dense_narrow", &NormTuning::fwd_dense_narrow, 2},
     {"reg_headroom", &NormTuning::reg_headroom, 2},
+    {"fwd_single_stride", &NormTuning::fwd_single_stride, 2},
+    {"bwd_single_stride", &NormTuning::bwd_single_stride, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.
@@ -173,7 +175,8 @@ std::vector<std::string> precompile(const std::string& op, const std::vector<std
 
 py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
-                      bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources) {
+                      bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
+                      bool single_stride) {
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
   p.dtype = parse_dtype(dtype);
@@ -185,6 +188,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   p.has_bias = has_bias;
   p.zero_centered = zero_centered;
   p.residual = residual;
+  p.single_stride = single_stride;
   std::optional<c10::string_view> mv;
   if (mode.has_value()) mv = c10::string_view(mode->data(), mode->size());
   const NormMode requested = parse_mode(mv, op.c_str());
@@ -335,6 +339,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("precompile", &precompile, py::arg("op"), py::arg("dtypes"), py::arg("hidden_sizes"), py::arg("modes"),
         py::arg("archs"), py::arg("threads") = 0);
   m.def("explain_norm", &explain_norm);
+  m.def("rows_single_stride", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t lead) {
+    return rows_single_stride(sizes, strides, lead);
+  });
   m.def("_norm_tuning", [] {
     py::dict d;
     for (const Tunable& x : kTunables) d[x.name] = norm_tuning().*x.field;

@@ -10,11 +10,23 @@ import pytest
 import torch
 from reference import assert_close, ref_layer_norm, ref_rms_norm, rows_of, stat_dtype
 
-# kStreamStore, kPrefetchNext and kPreloadAffine in a kernel key's flags
-# (csrc/kernels/common/params.cuh).
+# kSingleStride, kStreamStore, kPrefetchNext and kPreloadAffine in a kernel
+# key's flags (csrc/kernels/common/params.cuh).
+SINGLE_STRIDE = 1 << 9
 STREAM_STORE = 1 << 10
 PREFETCH_NEXT = 1 << 11
 PRELOAD_AFFINE = 1 << 24
+
+
+def rows_of_strides(rows: int, n: int, dtype, device, groups: int) -> torch.Tensor:
+    """A (rows / 2, 2, n) view of random rows (rows even), none adjacent to
+    the next: every other row of a wider buffer (groups=1: the leading dims
+    collapse into one row stride), or the q heads of a fused (rows / 2, 3, 2,
+    n) projection (groups=2: two strides, the general row map)."""
+    assert rows % 2 == 0, rows
+    if groups == 1:
+        return torch.randn(2 * rows, n, device=device).to(dtype)[::2].view(rows // 2, 2, n)
+    return torch.randn(rows // 2, 3, 2, n, device=device).to(dtype)[:, 0]
 
 
 def kernel_flags(kernel: str) -> int:

@@ -10,12 +10,14 @@ import torch
 from norm_checks import (
     PREFETCH_NEXT,
     PRELOAD_AFFINE,
+    SINGLE_STRIDE,
     check_layer_norm,
     check_rms_norm,
     kernel_flags,
     ln_inputs,
     one_wave_packs,
     rms_inputs,
+    rows_of_strides,
 )
 from reference import assert_close, ref_layer_norm, ref_rms_norm
 from rtcnorm import _tuning
@@ -171,6 +173,45 @@ def test_programmatic_launches_change_no_bit(op, shape, poison):
     for name in results[1]:
         assert torch.equal(results[2][name], results[1][name]), name
     check(op, results[2], ref(op, t), shape[0])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 4096), (32, 4096), (4096, 1024), (256, 8192), (2048, 32768), (38, 131072)],
+    ids=["direct-grads", "column-ctas", "registers", "staged", "cluster", "split"],
+)
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_rows_of_one_and_two_strides(op, groups, shape, poison):
+    """Rows of one stride take the single-stride row map (kSingleStride) on
+    the few-row grids of the rule, or on every plan when it is forced
+    (fwd_single_stride / bwd_single_stride = 2); rows of two strides never
+    do. Forward and backward give the same bits under each setting and match
+    the reference; RMSNorm also beside a residual of the other layout."""
+    rows, n = shape
+    dtype = torch.bfloat16
+    t = make(op, shape, dtype)
+    t["x"] = rows_of_strides(rows, n, dtype, "cuda", groups)
+    t["dy"] = t["dy"].view(t["x"].shape)
+    results = {}
+    for v in (0, 1, 2):
+        with _tuning.override(fwd_single_stride=v, bwd_single_stride=v):
+            plan = rtcnorm.explain(op, t["x"].shape, dtype, strides=t["x"].stride())
+            for phase in (plan, plan["backward"]):
+                single = bool(kernel_flags(phase["kernel"]) & SINGLE_STRIDE)
+                if groups == 2 or v == 1:
+                    assert not single, (v, phase["kernel"])
+                elif v == 2:
+                    assert single, phase["kernel"]
+            poison(4 * t["x"].numel() * t["x"].element_size())
+            results[v] = run(op, t)
+            if op == "rms_norm":
+                other = rows_of_strides(rows, n, dtype, "cuda", 3 - groups)
+                check_rms_norm(t["x"], [n], t["w"], residual=other, poison=poison)
+    for v in (1, 2):
+        for name in results[0]:
+            assert torch.equal(results[v][name], results[0][name]), (v, name)
+    check(op, results[0], ref(op, t), rows)
 
 
 @pytest.mark.parametrize("design", ["split", "reload"])

@@ -9,7 +9,16 @@ import pytest
 import rtcnorm
 import torch
 import torch.autograd.forward_ad as fwad
-from norm_checks import PREFETCH_NEXT, PRELOAD_AFFINE, STREAM_STORE, column_cluster, kernel_flags, one_wave_packs, randn
+from norm_checks import (
+    PREFETCH_NEXT,
+    PRELOAD_AFFINE,
+    SINGLE_STRIDE,
+    STREAM_STORE,
+    column_cluster,
+    kernel_flags,
+    one_wave_packs,
+    randn,
+)
 from reference import assert_close
 from rtcnorm import _tuning
 
@@ -392,6 +401,58 @@ def test_explain_forward_prefetch_ahead_rule(op, shape, dtype, extra, ahead):
         with _tuning.override(fwd_prefetch_ahead=2):
             on = rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90", sm_count=132, **extra)
             assert AHEAD in on["reason"] and not on["persistent"]
+
+
+ONE_STRIDE = "rows of one stride"
+
+
+@pytest.mark.parametrize(
+    "shape", [(2, 4096), (32, 4096), (4096, 1024), (256, 8192), (2048, 32768), (38, 131072), (65536, 128)]
+)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_forced_single_stride_kernels_compile(op, shape):
+    """Every layout takes the single-stride row map when it is forced
+    (override 2): register, staged, cluster, split and narrow kernels
+    compile with it for sm_90 (the GPU tests run them)."""
+    with _tuning.override(fwd_single_stride=2, bwd_single_stride=2):
+        plan = rtcnorm.explain(op, shape, torch.bfloat16, device="cpu", arch="sm_90", resources=True)
+    for phase in (plan, plan["backward"]):
+        assert kernel_flags(phase["kernel"]) & SINGLE_STRIDE, phase["kernel"]
+        assert phase["ptxas"]["registers"] > 0, phase
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides", "fwd", "bwd"),
+    [
+        ((1, 4096), None, True, True),  # one CTA writing the gradients
+        ((32, 4096), None, True, True),  # column CTAs beside the row CTAs
+        ((32, 4096), (8192, 1), True, True),  # every other row: still one stride
+        ((16, 2, 4096), (3 * 2 * 4096, 4096, 1), False, False),  # q heads of a fused projection
+        ((64, 8192), None, True, False),  # one CTA an SM; backward rows staged
+        ((256, 8192), None, False, False),  # two CTAs an SM; a row cluster
+        ((16384, 8192), None, False, False),
+    ],
+)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_explain_single_stride_rule(op, shape, strides, fwd, bwd):
+    """Grids of at most one register-row CTA an SM, none in a cluster or
+    (backward) staging its rows, skip the row-map test where the rows are
+    one stride (kSingleStride, entry 75). Rows of two strides never do;
+    override 1 turns it off, 2 on for every plan of one-stride rows;
+    strides must match the shape."""
+    dtype = torch.bfloat16
+    for arch in ("sm_80", "sm_90", "sm_100"):
+        plan = rtcnorm.explain(op, shape, dtype, strides=strides, device="cpu", arch=arch, sm_count=132)
+        for phase, want in ((plan, fwd), (plan["backward"], bwd)):
+            assert bool(kernel_flags(phase["kernel"]) & SINGLE_STRIDE) == want, (arch, phase["kernel"])
+            assert (ONE_STRIDE in phase["reason"]) == want, phase["reason"]
+    for v, want in ((1, False), (2, strides is None or shape[1] != 2)):
+        with _tuning.override(fwd_single_stride=v, bwd_single_stride=v):
+            plan = rtcnorm.explain(op, shape, dtype, strides=strides, device="cpu", sm_count=132)
+            for phase in (plan, plan["backward"]):
+                assert bool(kernel_flags(phase["kernel"]) & SINGLE_STRIDE) == want, (v, phase["kernel"])
+    with pytest.raises(ValueError, match=r"rtcnorm\.explain: strides \[1\] must have one entry per dim"):
+        rtcnorm.explain(op, shape, dtype, strides=[1], device="cpu")
 
 
 @pytest.mark.parametrize(

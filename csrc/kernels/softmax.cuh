@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     for (int i = 0; i < NV; ++i) {
       const int v = vidx(c, i);
       if (v < r.nload) {
-        xv[i] = load_nc<T, VEC, false, kL1>(x, xoff + 1LL * v * VEC);
+        xv[i] = load_nc<T, VEC, kL1>(x, xoff + 1LL * v * VEC);
         if constexpr (KIND == kSoftmaxMasked)
           if (with_mask) mw[i * VEC / 32] |= load_mask_bits<VEC>(p.mask + moff + 1LL * v * VEC) << (i * VEC % 32);
       }
@@ -394,8 +394,8 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
       for (int i = 0; i < NV; ++i) {
         const int v = vidx(c, i);
         if (v < r.nload) {
-          yv[i] = load_nc<T, VEC, false, kL1>(y, yoff + 1LL * v * VEC);
-          gv[i] = load_nc<T, VEC, false, kL1>(dy, goff + 1LL * v * VEC);
+          yv[i] = load_nc<T, VEC, kL1>(y, yoff + 1LL * v * VEC);
+          gv[i] = load_nc<T, VEC, kL1>(dy, goff + 1LL * v * VEC);
         }
       }
     };

@@ -54,14 +54,12 @@ int vec_for_stride(int64_t stride, int vmax) {
 
 namespace {
 
-// Describes rows of `t` (trailing `nd` dims normalized) without a copy when
-// its trailing block is contiguous and its leading dims collapse into at
-// most two strided groups. Returns false otherwise.
-bool row_map_of(const at::Tensor& t, int64_t lead, RowMap* m) {
-  const auto sizes = t.sizes();
-  const auto strides = t.strides();
+// Describes rows of a tensor (dims from `lead` on normalized) without a copy
+// when its trailing block is contiguous and its leading dims collapse into
+// at most two strided groups. Returns false otherwise.
+bool row_map_of(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t lead, RowMap* m) {
   int64_t expect = 1;
-  for (int64_t d = t.dim() - 1; d >= lead; --d) {
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= lead; --d) {
     if (sizes[d] != 1 && strides[d] != expect) return false;
     expect *= sizes[d];
   }
@@ -88,7 +86,18 @@ bool row_map_of(const at::Tensor& t, int64_t lead, RowMap* m) {
   return true;
 }
 
+bool row_map_of(const at::Tensor& t, int64_t lead, RowMap* m) { return row_map_of(t.sizes(), t.strides(), lead, m); }
+
 }  // namespace
+
+bool rows_single_stride(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t lead) {
+  RowMap m{};
+  // Rows no map describes are copied contiguous first: one stride.
+  if (!row_map_of(sizes, strides, lead, &m)) return true;
+  int64_t rows = 1;
+  for (int64_t d = 0; d < lead; ++d) rows *= sizes[d];
+  return m.inner_rows >= rows;
+}
 
 int check_device_arch(const at::Tensor& input, const char* op) {
   const int dev = input.get_device();
@@ -250,6 +259,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   p.has_bias = b.defined();
   p.zero_centered = zero_centered && w.defined();
   p.residual = residual.has_value();
+  p.single_stride = xmap.inner_rows >= d.rows && (!r.defined() || rmap.inner_rows >= d.rows);
   const int esize = jit::element_size(p.dtype);
   const int wsize = jit::element_size(p.wdtype);
   int v = 16 / esize;
@@ -338,6 +348,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   p.has_weight = w.defined();
   p.has_bias = bias.has_value();
   p.zero_centered = zero_centered && w.defined();
+  p.single_stride = xmap.inner_rows >= d.rows;
   const int esize = jit::element_size(p.dtype);
   int v = 16 / esize;
   v = vec_for_ptr(x.data_ptr(), esize, v);

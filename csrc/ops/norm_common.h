@@ -27,6 +27,12 @@ int vec_for_stride(int64_t stride, int vmax);
 // input's CUDA device index; throws naming `op` for a GPU older than sm_80.
 int check_device_arch(const at::Tensor& input, const char* op);
 
+// Whether the rows of an input of these sizes and strides (dims from `lead`
+// on normalized) reach the kernel as one stride (NormProblem::single_stride):
+// leading dims that collapse into one group, or rows that are copied
+// contiguous first because no row map describes them.
+bool rows_single_stride(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t lead);
+
 struct NormDims {
   int64_t rows = 0;    // product of the leading dims
   int64_t hidden = 0;  // product of normalized_shape

@@ -240,7 +240,7 @@ static int dense_narrow_threads(const NormProblem& p, int sm_count, int arch, in
 static bool dense_narrow_preload(const NormProblem& p) { return p.kind == kLayerNorm; }
 
 static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_next) {
-  if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 9;
+  if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 10;
   return (stream_store ? kStreamStore : 0u) | (prefetch_next ? kPrefetchNext : 0u);
 }
 
@@ -1268,8 +1268,7 @@ static NormFwdPlan with_fwd_deferred(NormFwdPlan plan, const NormProblem& p, Nor
     return plan;
   const bool group = (plan.key.flags & kGridExchange) != 0 || t.fwd_grid_exchange != 1;
   if ((plan.key.flags & kGridExchange) == 0 && group) to_grid_group(plan, "statistics", explain);
-  plan.key.flags &=
-      ~(kRingExtraBits | kPrefetchNext | kKeepGamma | kL2Prefetch | kPreloadAffine | kPrefetchAffine | kL1Allocate);
+  plan.key.flags &= ~(kRingExtraBits | kPrefetchNext | kKeepGamma | kPreloadAffine | kPrefetchAffine | kL1Allocate);
   plan.key.flags |= kStagedRow | kDeferStats | (static_cast<unsigned>(stages - 2) << kRingExtraShift);
   if (t.fwd_hints == 0) plan.key.flags |= kStreamStore;
   plan.smem = static_cast<size_t>(stages * stage_bytes);
@@ -1295,12 +1294,44 @@ static NormFwdPlan with_fwd_deferred(NormFwdPlan plan, const NormProblem& p, Nor
   return plan;
 }
 
+// ---- Rows of one stride (kSingleStride) ----
+// A row's first load waits for its address, and the general row map
+// (RowMap) first tests the row against inner_rows: a constant-cache read and
+// a branch between the kernel's start and that load. Where every map of the
+// problem is one stride the kernel skips the test. It shows only where that
+// first load is the kernel's critical path, grids of at most one lone CTA an
+// SM. H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 75): forward
+// LayerNorm 1x4096 2.37 -> 2.25, 32x4096 2.67 -> 2.56, RMSNorm 1x4096 1.98
+// -> 1.95; backward RMSNorm 1x4096 2.30 -> 2.21, 32x4096 2.97 -> 2.90,
+// LayerNorm 1x4096 2.55 -> 2.47. Larger forward grids ran within 1% either
+// way, and so did persistent register-row backward grids (RMSNorm
+// 16384x5120); ptxas scheduled the staged backward loops worse (LayerNorm
+// 16384x8192, a staged row cluster, 280 -> 321 us; 256x8192 15.1 -> 15.5):
+// those keep the general map.
+constexpr const char* kSingleStrideWhy = "; rows of one stride: no row-map test before the first load";
+
+static bool single_stride_rule(int tune, const NormProblem& p, bool lone_ctas) {
+  if (!p.single_stride || tune == 1) return false;
+  return tune == 2 || lone_ctas;
+}
+
+static NormFwdPlan with_fwd_single_stride(NormFwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
+  const unsigned f = plan.key.flags;
+  const bool lone_ctas =
+      (f & kCachedRow) != 0 && (f & kDeferStats) == 0 && column_slices(f) == 1 && plan.row_blocks <= sm_count;
+  if (!single_stride_rule(norm_tuning().fwd_single_stride, p, lone_ctas)) return plan;
+  plan.key.flags |= kSingleStride;
+  if (explain) plan.reason += kSingleStrideWhy;
+  return plan;
+}
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormFwdPlan plan = plan_fwd_layout(p, requested, sm_count, arch, explain);
-  return with_fwd_deferred(
-      with_fwd_grid_exchange(with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain), requested,
-                             sm_count, arch, explain),
-      p, requested, sm_count, arch, explain);
+  return with_fwd_single_stride(
+      with_fwd_deferred(with_fwd_grid_exchange(with_load_rule(with_stats_rule(plan, p, sm_count, explain), p, explain),
+                                               requested, sm_count, arch, explain),
+                        p, requested, sm_count, arch, explain),
+      p, sm_count, explain);
 }
 
 // Staged column-cluster rows may collect the cluster's row sums one row block
@@ -1789,6 +1820,18 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
   }
   plan = with_grid_exchange(std::move(plan), sm_count, arch, explain);
+  // Register-row CTAs, at most one an SM, none in a cluster or staging its
+  // rows (with_fwd_single_stride gives the measurements).
+  constexpr unsigned kStagedOrGrouped =
+      kStagedRow | kClusterBits | kCluster16 | kRowClusterBits | kDeferStats | kGridExchange;
+  const unsigned f = plan.key.flags;
+  const bool lone_ctas =
+      !plan.split && plan.cached && (f & kStagedOrGrouped) == 0 && plan.row_blocks <= std::max(1, sm_count);
+  if (single_stride_rule(t.bwd_single_stride, p, lone_ctas)) {
+    plan.key.flags |= kSingleStride;
+    if (plan.split) plan.coef_key.flags |= kSingleStride;
+    if (explain) plan.reason += kSingleStrideWhy;
+  }
   const int forced = t.bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;

@@ -33,6 +33,11 @@ struct NormProblem {
   bool has_bias = false;
   bool zero_centered = false;
   bool residual = false;
+  // Every row map the kernel reads (x; in the forward also the residual)
+  // has one group: row r starts at r * stride (RowMap::inner_rows >= rows).
+  // False for leading dims that need two strides (e.g. (B, S, H, D) heads
+  // sliced out of a fused projection).
+  bool single_stride = true;
 };
 
 // The most rows for which a wide (non-narrow) forward takes the few-rows,

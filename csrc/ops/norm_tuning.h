@@ -41,8 +41,8 @@ struct NormTuning {
   int bwd_split_rows = 0;
   // Rows at or below this width are "narrow" for the mode heuristic.
   int narrow_row = 0;
-  // Memory hints as 1 + bits (kL2Prefetch, kStreamStore, kPrefetchNext >> 9):
-  // 1 means none, 8 all three.
+  // Memory hints as 1 + bits (kStreamStore, kPrefetchNext >> 10): 1 means
+  // none, 4 both.
   int fwd_hints = 0;
   int bwd_hints = 0;
   // Forward: 1 = no L1 prefetch of gamma/beta beside the row's loads, 2 = always,
@@ -128,6 +128,12 @@ struct NormTuning {
   // Forward and backward launch bounds: 1 = the bounds before the register
   // headroom rules (norm_plan.cpp, blocks_leaving / regs_at), for A/B runs.
   int reg_headroom = 0;
+  // Rows of one stride (NormProblem::single_stride, kSingleStride): 1 = the
+  // general row map always, 2 = the single-stride one on every such plan;
+  // the rule: grids of at most one register-row CTA an SM, none of them in
+  // a cluster (or, backward, staging its rows).
+  int fwd_single_stride = 0;
+  int bwd_single_stride = 0;
 };
 
 NormTuning& norm_tuning();

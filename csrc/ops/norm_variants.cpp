@@ -1,8 +1,9 @@
 // Every norm kernel a call may launch for (dtype, N, mode, arch): the forward
 // for each weight/bias/zero-centred/residual combination, the backward for
 // each gradient combination, and the dW/dB column reducer; forwards for full
-// grids, few-row grids and decode-sized ones. Assumes aligned tensors (the
-// widest vector access), as freshly allocated tensors are.
+// grids, few-row grids and decode-sized ones; each for rows of one stride and
+// of two. Assumes aligned tensors (the widest vector access), as freshly
+// allocated tensors are.
 #include <algorithm>
 
 #include "ops/norm_plan.h"
@@ -53,13 +54,18 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         // lone CTAs an SM, as a grid group) plans its own kernel too.
         const int slices = column_slices(plan_norm_fwd(p, NormMode::kAuto, 132, arch).key.flags);
         if (slices > 1) row_counts.push_back(132 / slices);
+        // Rows of one stride and of two (the general row map) differ on
+        // grids of lone CTAs (kSingleStride).
         for (int res = 0; res <= int(!ln); ++res)
-          for (int64_t rows : row_counts) {
-            p.residual = res;
-            p.rows = rows;
-            for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
-          }
+          for (int64_t rows : row_counts)
+            for (bool one_stride : {true, false}) {
+              p.residual = res;
+              p.rows = rows;
+              p.single_stride = one_stride;
+              for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
+            }
         p.residual = false;
+        p.single_stride = true;
         // Besides the full grid's backward, that of one row (a CTA of one row
         // group, writing the gradients directly: kDirectGrads), of two and
         // four rows (RMSNorm's few 16-bit rows: one CTA sized to them; else
@@ -74,12 +80,15 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
               const NormBwdPlan full = plan_norm_bwd(p, dw, db, dh, 132, arch);
               std::vector<int64_t> bwd_rows = {p.rows, 1, 2, 4, 32};
               for (int64_t blocks : {2, 132}) bwd_rows.push_back(blocks * full.key.rows_per_cta);
-              for (int64_t rows : bwd_rows) {
-                p.rows = rows;
-                const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, 132, arch);
-                keys.push_back(b.key);
-                if (b.split) keys.push_back(b.coef_key);
-              }
+              for (int64_t rows : bwd_rows)
+                for (bool one_stride : {true, false}) {
+                  p.rows = rows;
+                  p.single_stride = one_stride;
+                  const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, 132, arch);
+                  keys.push_back(b.key);
+                  if (b.split) keys.push_back(b.coef_key);
+                }
+              p.single_stride = true;
             }
       }
     }

@@ -92,6 +92,7 @@ def explain(
     bias: bool | None = None,
     zero_centered_gamma: bool = False,
     residual: bool = False,
+    strides: Sequence[int] | None = None,
     device: torch.device | str | int | None = None,
     sm_count: int = 132,
     arch: str = "sm_90",
@@ -103,6 +104,11 @@ def explain(
     (default: the last dim). With a CUDA device (the current one by default,
     when present) the kernel is loaded to report its real occupancy and grid;
     without one the plan is made for ``sm_count`` SMs of ``arch``.
+
+    ``strides`` are the input's (default: contiguous). Rows whose leading
+    dims need two strides, such as heads sliced out of a fused projection,
+    take the general row map where a single stride lets a few-row grid skip
+    its test (``"rows of one stride"`` in the reasons).
 
     ``resources=True`` also compiles each planned kernel afresh for that arch
     (no GPU needed, nothing cached) and adds ptxas' report under ``"ptxas"``
@@ -131,6 +137,10 @@ def explain(
     rows = 1
     for s in shape[: len(shape) - nd]:
         rows *= s
+    if strides is not None:
+        strides = [int(s) for s in strides]
+        if len(strides) != len(shape):
+            raise ValueError(f"rtcnorm.explain: strides {strides} must have one entry per dim of {shape}")
     if bias is None:
         bias = op == "layer_norm" and elementwise_affine
     dev_index = -1
@@ -155,4 +165,5 @@ def explain(
         int(sm_count),
         int(arch.removeprefix("sm_")),
         bool(resources),
+        strides is None or _C.rows_single_stride(shape, strides, len(shape) - nd),
     )

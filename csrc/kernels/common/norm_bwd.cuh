@@ -73,7 +73,8 @@ struct BwdLayout {
 // dh) of the group's row is at(s, t)[v] for the group's vectors v. Stages
 // hold ROWS rows each (the CTA's row groups side by side); a row is N
 // elements, of which the group's CTA stages the VECS vectors from col0.
-template <typename T, int N, int VEC, int TPR, int ROWS, int NV, int VECS, int TENSORS>
+// FLAGS are the kernel's: kSingleStride picks x's row map.
+template <typename T, int N, int VEC, int TPR, int ROWS, int NV, int VECS, int TENSORS, unsigned FLAGS>
 struct StagingRing {
   using PT = Pack<T, VEC>;
   PT* group_base;  // the dynamic shared memory + group * VECS vectors
@@ -89,7 +90,7 @@ struct StagingRing {
                                        int lane) const {
     const long long row = rb * ROWS + group;
     if (rb < p.row_blocks && row < p.rows) {
-      const PT* x = reinterpret_cast<const PT*>(static_cast<const T*>(p.x) + row_offset(p.x_map, row) + col0);
+      const PT* x = reinterpret_cast<const PT*>(static_cast<const T*>(p.x) + row_offset<FLAGS>(p.x_map, row) + col0);
       const PT* dy = reinterpret_cast<const PT*>(static_cast<const T*>(p.dy) + row * N + col0);
       const PT* dh = reinterpret_cast<const PT*>(static_cast<const T*>(p.dh) + row * N + col0);
 #pragma unroll
@@ -332,7 +333,6 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr bool kDb = (FLAGS & kWantDb) != 0;
   constexpr bool kDh = (FLAGS & kGradDh) != 0;
   constexpr bool kEven = kVecs % kChunk == 0;
-  constexpr bool kPf = (FLAGS & kL2Prefetch) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr bool kStaged = (FLAGS & kStagedRow) != 0;
   constexpr int kStages = 2 + static_cast<int>((FLAGS & kRingExtraBits) >> kRingExtraShift);
@@ -371,7 +371,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   float* pb = p.partial_b + cluster * N + col0;
 
   // The staging ring: stage s, tensor t (x, dy, dh) of this group's row.
-  const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
+  const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2, FLAGS> ring{reinterpret_cast<PT*>(smem) +
+                                                                              group * kVecs};
   int stage = 0;  // the ring stage of row block rb
   if constexpr (kStaged) {
 #pragma unroll
@@ -416,7 +417,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   while (more) {
     const long long row = rb * ROWS + group;
     const bool row_ok = row < p.rows;
-    const long long xoff = row_ok ? row_offset(p.x_map, row) + col0 : 0;
+    const long long xoff = row_ok ? row_offset<FLAGS>(p.x_map, row) + col0 : 0;
     const long long goff = row * N + col0;
     const float rstd = row_ok ? p.rstd[row] : 0.f;
     const float mean = (KIND == kLayerNorm && row_ok) ? p.mean[row] : 0.f;
@@ -443,8 +444,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           xv[i] = ring.at(stage, 0)[v];
           dv[i] = ring.at(stage, 1)[v];
         } else {
-          xv[i] = load_nc<T, VEC, kPf>(x, xoff + 1LL * v * VEC);
-          dv[i] = load_nc<T, VEC, kPf>(dy, goff + 1LL * v * VEC);
+          xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
+          dv[i] = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
         }
       }
       if constexpr (kGammaLate) {
@@ -453,7 +454,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       if constexpr (kNext) {
         const long long next = (rb + clusters) * ROWS + group;
         if (next < p.rows) {
-          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset(p.x_map, next) + col0, lane);
+          prefetch_row<T, VEC, TPR, NV, kVecs>(x, row_offset<FLAGS>(p.x_map, next) + col0, lane);
           prefetch_row<T, VEC, TPR, NV, kVecs>(dy, next * N + col0, lane);
           if constexpr (kDh) prefetch_row<T, VEC, TPR, NV, kVecs>(dh, next * N + col0, lane);
         }

@@ -123,7 +123,7 @@ __device__ __forceinline__ void norm_bwd_column_grads(const NormBwdParams& p) {
       for (int u = 0; u < kRu; ++u) {
         const long long row = r0 + u * step;
         if (row >= p.rows) continue;
-        xv[u] = load_nc<T, VEC>(x, row_offset(p.x_map, row) + col);
+        xv[u] = load_nc<T, VEC>(x, row_offset<FLAGS>(p.x_map, row) + col);
         dv[u] = load_nc<T, VEC>(dy, row * N + col);
         rs[u] = __ldg(p.rstd + row);
         mu[u] = KIND == kLayerNorm ? __ldg(p.mean + row) : 0.f;

@@ -72,7 +72,8 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   const int vbase = ex.rank * kVecs;
   const long long col0 = 1LL * vbase * VEC;
   T* dx = static_cast<T*>(p.dx);
-  const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2> ring{reinterpret_cast<PT*>(smem) + group * kVecs};
+  const StagingRing<T, N, VEC, TPR, ROWS, NV, kVecs, kDh ? 3 : 2, FLAGS> ring{reinterpret_cast<PT*>(smem) +
+                                                                              group * kVecs};
 
   // A row block of this group: its row, where its gradient goes, its saved
   // statistics.

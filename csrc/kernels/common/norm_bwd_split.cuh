@@ -43,7 +43,7 @@ __device__ __forceinline__ void norm_bwd_coef(const NormBwdParams& p) {
   __shared__ GroupScratch<TPR, 1, Sum2> scratch;
   const int lane = threadIdx.x;
   const long long row = blockIdx.x;
-  const long long xoff = row_offset(p.x_map, row);
+  const long long xoff = row_offset<FLAGS>(p.x_map, row);
   const long long goff = row * N;
   const float rstd = p.rstd[row];
   const float mean = KIND == kLayerNorm ? p.mean[row] : 0.f;
@@ -110,7 +110,7 @@ __device__ __forceinline__ void norm_bwd_cols(const NormBwdParams& p) {
     for (int u = 0; u < RU; ++u) {
       const long long row = r + u;
       if (row >= r1) continue;
-      xv[u] = load_nc<T, VEC>(x, row_offset(p.x_map, row) + col);
+      xv[u] = load_nc<T, VEC>(x, row_offset<FLAGS>(p.x_map, row) + col);
       dv[u] = load_nc<T, VEC>(dy, row * N + col);
       if constexpr (kDh) hv[u] = load_nc<T, VEC>(dh, row * N + col);
     }

@@ -75,7 +75,7 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
   const auto fill = [&](int s, long long rb) {
     const long long row = rb * ROWS + group;
     if (rb < p.row_blocks && row < p.rows) {
-      const PT* src = reinterpret_cast<const PT*>(x + row_offset(p.x_map, row) + col0);
+      const PT* src = reinterpret_cast<const PT*>(x + row_offset<FLAGS>(p.x_map, row) + col0);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = i * TPR + lane;

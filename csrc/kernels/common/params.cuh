@@ -31,14 +31,18 @@ struct RowMap {
 enum NormFlags : unsigned {
   kHasWeight = 1u << 0,
   kHasBias = 1u << 1,
-  kZeroCentered = 1u << 2,     // scale is (1 + weight)
-  kResidual = 1u << 3,         // forward: h = x + residual is normalized and written
-  kCachedRow = 1u << 4,        // the row stays in registers between passes
-  kKeepGamma = 1u << 5,        // persistent CTA loads gamma/beta once
-  kGradDh = 1u << 6,           // backward: add an incoming gradient of h to dx
-  kWantDw = 1u << 7,           // backward: write dW partial rows
-  kWantDb = 1u << 8,           // backward: write dB partial rows
-  kL2Prefetch = 1u << 9,       // streamed loads ask L2 for the whole 256-byte block
+  kZeroCentered = 1u << 2,  // scale is (1 + weight)
+  kResidual = 1u << 3,      // forward: h = x + residual is normalized and written
+  kCachedRow = 1u << 4,     // the row stays in registers between passes
+  kKeepGamma = 1u << 5,     // persistent CTA loads gamma/beta once
+  kGradDh = 1u << 6,        // backward: add an incoming gradient of h to dx
+  kWantDw = 1u << 7,        // backward: write dW partial rows
+  kWantDb = 1u << 8,        // backward: write dB partial rows
+  // Every row map the kernel reads (x; the residual in the forward) is one
+  // stride: row r starts at r * inner_stride, so the row's address needs no
+  // test of inner_rows first (RowMap). Set by the host only where both maps
+  // are single-stride and the planner picks it (ops/norm_plan.cpp).
+  kSingleStride = 1u << 9,
   kStreamStore = 1u << 10,     // outputs are stored evict-first (.cs): not re-read
   kPrefetchNext = 1u << 11,    // a cached grid-stride loop asks L2 for its next row block
   kSmemRow = 1u << 12,         // forward: the row stays in dynamic shared memory between passes

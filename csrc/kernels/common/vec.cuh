@@ -80,29 +80,14 @@ __device__ __forceinline__ unsigned short ld_nc_stream(const unsigned short* p) 
   return r;
 }
 
-__device__ __forceinline__ uint4 ld_nc_prefetch(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-template <typename R>
-__device__ __forceinline__ R ld_nc_prefetch(const R* p) {
-  return ld_nc_stream(p);
-}
-
-// Streamed input: read once, not kept in L1 (unless L1_ALLOC). PREFETCH asks
-// L2 to fetch the surrounding 256-byte block with each 16-byte access (sm_80+
-// hint), and takes precedence over L1_ALLOC.
-template <typename T, int VEC, bool PREFETCH = false, bool L1_ALLOC = false>
+// Streamed input: read once, not kept in L1 (unless L1_ALLOC).
+template <typename T, int VEC, bool L1_ALLOC = false>
 __device__ __forceinline__ Pack<T, VEC> load_nc(const T* base, long long elem_offset) {
   using A = Access<Pack<T, VEC>>;
   typename A::View u;
   const auto* src = reinterpret_cast<const typename A::Raw*>(base + elem_offset);
 #pragma unroll
-  for (int k = 0; k < A::kCount; ++k)
-    u.raw[k] = PREFETCH ? ld_nc_prefetch(src + k) : L1_ALLOC ? __ldg(src + k) : ld_nc_stream(src + k);
+  for (int k = 0; k < A::kCount; ++k) u.raw[k] = L1_ALLOC ? __ldg(src + k) : ld_nc_stream(src + k);
   return u.pack;
 }
 
