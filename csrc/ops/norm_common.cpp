@@ -88,6 +88,9 @@ bool row_map_of(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t lead, Ro
 
 bool row_map_of(const at::Tensor& t, int64_t lead, RowMap* m) { return row_map_of(t.sizes(), t.strides(), lead, m); }
 
+// Whether a map's `rows` rows are one stride (NormProblem::single_stride).
+bool one_stride(const RowMap& m, int64_t rows) { return m.inner_rows >= rows; }
+
 }  // namespace
 
 bool rows_single_stride(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t lead) {
@@ -96,7 +99,7 @@ bool rows_single_stride(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t 
   if (!row_map_of(sizes, strides, lead, &m)) return true;
   int64_t rows = 1;
   for (int64_t d = 0; d < lead; ++d) rows *= sizes[d];
-  return m.inner_rows >= rows;
+  return one_stride(m, rows);
 }
 
 int check_device_arch(const at::Tensor& input, const char* op) {
@@ -259,7 +262,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   p.has_bias = b.defined();
   p.zero_centered = zero_centered && w.defined();
   p.residual = residual.has_value();
-  p.single_stride = xmap.inner_rows >= d.rows && (!r.defined() || rmap.inner_rows >= d.rows);
+  p.single_stride = one_stride(xmap, d.rows) && (!r.defined() || one_stride(rmap, d.rows));
   const int esize = jit::element_size(p.dtype);
   const int wsize = jit::element_size(p.wdtype);
   int v = 16 / esize;
@@ -348,7 +351,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   p.has_weight = w.defined();
   p.has_bias = bias.has_value();
   p.zero_centered = zero_centered && w.defined();
-  p.single_stride = xmap.inner_rows >= d.rows;
+  p.single_stride = one_stride(xmap, d.rows);
   const int esize = jit::element_size(p.dtype);
   int v = 16 / esize;
   v = vec_for_ptr(x.data_ptr(), esize, v);

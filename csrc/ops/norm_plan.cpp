@@ -240,7 +240,8 @@ static int dense_narrow_threads(const NormProblem& p, int sm_count, int arch, in
 static bool dense_narrow_preload(const NormProblem& p) { return p.kind == kLayerNorm; }
 
 static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_next) {
-  if (override_value > 0) return static_cast<unsigned>(override_value - 1) << 10;
+  // (the override's bits count from kStreamStore's, the lower of the two)
+  if (override_value > 0) return static_cast<unsigned>(override_value - 1) * kStreamStore;
   return (stream_store ? kStreamStore : 0u) | (prefetch_next ? kPrefetchNext : 0u);
 }
 
@@ -1325,6 +1326,21 @@ static NormFwdPlan with_fwd_single_stride(NormFwdPlan plan, const NormProblem& p
   return plan;
 }
 
+// The backward's: register-row CTAs, at most one an SM, none in a cluster or
+// staging its rows.
+static NormBwdPlan with_bwd_single_stride(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
+  constexpr unsigned kStagedOrGrouped =
+      kStagedRow | kClusterBits | kCluster16 | kRowClusterBits | kDeferStats | kGridExchange;
+  const unsigned f = plan.key.flags;
+  const bool lone_ctas =
+      !plan.split && plan.cached && (f & kStagedOrGrouped) == 0 && plan.row_blocks <= std::max(1, sm_count);
+  if (!single_stride_rule(norm_tuning().bwd_single_stride, p, lone_ctas)) return plan;
+  plan.key.flags |= kSingleStride;
+  if (plan.split) plan.coef_key.flags |= kSingleStride;
+  if (explain) plan.reason += kSingleStrideWhy;
+  return plan;
+}
+
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
   const NormFwdPlan plan = plan_fwd_layout(p, requested, sm_count, arch, explain);
   return with_fwd_single_stride(
@@ -1819,19 +1835,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     NormBwdPlan alt = plan_bwd_rules(p, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
     if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
   }
-  plan = with_grid_exchange(std::move(plan), sm_count, arch, explain);
-  // Register-row CTAs, at most one an SM, none in a cluster or staging its
-  // rows (with_fwd_single_stride gives the measurements).
-  constexpr unsigned kStagedOrGrouped =
-      kStagedRow | kClusterBits | kCluster16 | kRowClusterBits | kDeferStats | kGridExchange;
-  const unsigned f = plan.key.flags;
-  const bool lone_ctas =
-      !plan.split && plan.cached && (f & kStagedOrGrouped) == 0 && plan.row_blocks <= std::max(1, sm_count);
-  if (single_stride_rule(t.bwd_single_stride, p, lone_ctas)) {
-    plan.key.flags |= kSingleStride;
-    if (plan.split) plan.coef_key.flags |= kSingleStride;
-    if (explain) plan.reason += kSingleStrideWhy;
-  }
+  plan = with_bwd_single_stride(with_grid_exchange(std::move(plan), sm_count, arch, explain), p, sm_count, explain);
   const int forced = t.bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;

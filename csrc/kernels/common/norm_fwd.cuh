@@ -168,9 +168,9 @@ __device__ __forceinline__ void prefetch_row(const T* base, long long off, int l
 }
 
 // A vector of x (or of the residual) as the plan reads it: around L1
-// (L1::no_allocate), or, with kL1Allocate (inputs of 40 MB or more), through L1. 16-bit rows take an
-// ordinary ld.global there, which allocates in L1 on the load/store path:
-// up to 1.4% faster than ld.global.nc (H100, bf16 RMSNorm 2048x32768 94.3 ->
+// (L1::no_allocate), or, with kL1Allocate (inputs of 40 MB or more), through
+// L1. 16-bit rows take an ordinary ld.global there, which allocates in L1 on
+// the load/store path: up to 1.4% faster than ld.global.nc (H100, bf16 RMSNorm 2048x32768 94.3 ->
 // 93.1 us; benchmarks/NOTES.md entry 72), and safe because no CTA writes
 // what it reads. float32 rows keep ld.global.nc: with ordinary loads ptxas
 // spilled their LayerNorm rows (32768 wide: 72 bytes at 128 registers).
