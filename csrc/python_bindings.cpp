@@ -94,6 +94,7 @@ constexpr Tunable kTunables[] = {
     {"reg_headroom", &NormTuning::reg_headroom, 2},
     {"fwd_single_stride", &NormTuning::fwd_single_stride, 2},
     {"bwd_single_stride", &NormTuning::bwd_single_stride, 2},
+    {"fwd_wide_ln_regs", &NormTuning::fwd_wide_ln_regs, 2},
 };
 
 // The launch configuration explain() reports for a kernel key.

@@ -256,6 +256,28 @@ def check_contiguous_and_strided(op, m, n, dtype, variant, mode, poison):
             check_layer_norm(x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison, stat_scale=4.0)
 
 
+@pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant"),
+    [(264, 40960, torch.bfloat16, "weight_bias"), (133, 49152, torch.float16, "zero_centered"),
+     (150, 57344, torch.bfloat16, "weight_bias"), (140, 61440, torch.bfloat16, "weight_bias"),
+     (600, 65536, torch.bfloat16, "weight_bias"), (132, 36864, torch.bfloat16, "mixed")],
+)  # fmt: skip
+@pytest.mark.parametrize("forced", [0, 1, 2])
+def test_wide_layer_norm_register_rows(m, n, dtype, variant, forced, poison):
+    """16-bit LayerNorm rows of 64-128 KB in registers at N / 64 threads, one
+    CTA an SM (wide_ln_register_row, entry 76; rows of 576-960 threads take
+    flat_lanes): the rule (0), off (1: shared-memory rows and cluster slices)
+    and forced (2) all match the float64 reference, forward and backward,
+    contiguous and every other row of twice as many; rows of float32 gamma
+    and beta ("mixed") stay off the rule."""
+    with _tuning.override(fwd_wide_ln_regs=forced):
+        wdtype = torch.float32 if variant == "mixed" else None
+        plan = rtcnorm.explain("layer_norm", (m, n), dtype, weight_dtype=wdtype, device=0)
+        taken = "64 elements a thread: gamma and beta loaded after" in plan["reason"]
+        assert taken == (forced != 1 and variant != "mixed"), plan["reason"]
+        check_contiguous_and_strided("layer_norm", m, n, dtype, variant, None, poison)
+
+
 @pytest.mark.parametrize("mode", [None, "static_persistent", "multi_wave_cached"], ids=lambda m: m or "auto")
 @pytest.mark.parametrize(
     ("n", "variant"),

@@ -139,8 +139,8 @@ def test_rms_norm_module_with_residual_returns_the_sum():
         ("layer_norm", (2047, 16384), torch.bfloat16, 1, 16),  # deferred slices of 1024 (sm_90)
         ("layer_norm", (4096, 16384), torch.bfloat16, 1, 2),  # 2048+ rows: deferred slices of 8192 (entry 64)
         ("layer_norm", (4096, 12288), torch.bfloat16, 1, 4),  # many rows short of 16384: slices of 3072
-        ("layer_norm", (1024, 65536), torch.bfloat16, 8, 8),  # forward: at most 8 rows an SM, 8 slices
-        ("layer_norm", (2048, 65536), torch.bfloat16, 1, 8),  # forward: the row in shared memory
+        ("layer_norm", (1024, 65536), torch.float16, 8, 8),  # forward: at most 8 rows an SM, 8 slices
+        ("layer_norm", (2048, 65536), torch.bfloat16, 1, 8),  # forward: the row in registers (entry 76)
         ("layer_norm", (4096, 8192), torch.float32, 1, 1),
     ],
 )
@@ -196,7 +196,7 @@ def check_cluster_rule(op, shape, dtype, cluster, bwd_cluster):
         ("rms_norm", (8, 131072), torch.bfloat16, False),  # 64 CTAs: under half the SMs
         ("rms_norm", (64, 131072), torch.bfloat16, False),  # four CTAs an SM: clusters
         ("rms_norm", (512, 131072), torch.bfloat16, False),
-        ("layer_norm", (1024, 65536), torch.bfloat16, False),
+        ("layer_norm", (1024, 65536), torch.float16, False),
         ("rms_norm", (256, 131072), torch.float32, False),
     ],
 )
@@ -325,7 +325,7 @@ def launch_blocks(kernel: str) -> int:
         ("layer_norm", (16384, 9216), "fp32", None, "fwd", 2, 1),  # 288 threads: two leave 96 (was one)
         ("layer_norm", (16384, 12288), "fp32", None, "fwd", 1, 1),  # 384 threads at two leave 80
         ("layer_norm", (4096, 8192), "fp32", None, "fwd", 2, 4),  # shared-memory row, 128-byte chunks
-        ("layer_norm", (4096, 49152), "bf16", None, "fwd", 1, 2),  # 256-byte chunks: 160 registers
+        ("layer_norm", (4096, 49664), "bf16", None, "fwd", 1, 2),  # 256-byte chunks: 160 registers
         ("layer_norm", (1024, 65536), "fp32", None, "fwd", 4, 4),  # shared-memory slices keep theirs
         ("layer_norm", (65536, 512), "bf16", "fp32", "fwd", 2, 4),  # narrow rows beside float32 gamma
         ("layer_norm", (4096, 4096), "bf16", None, "fwd", 8, 8),  # 128-thread CTAs: their own rule
@@ -419,6 +419,68 @@ def test_forced_single_stride_kernels_compile(op, shape):
     for phase in (plan, plan["backward"]):
         assert kernel_flags(phase["kernel"]) & SINGLE_STRIDE, phase["kernel"]
         assert phase["ptxas"]["registers"] > 0, phase
+
+
+WIDE_LN_REGS = "a 16-bit LayerNorm row of 64-128 KB at 64 elements a thread"
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "taken"),
+    [
+        ((4096, 40960), torch.bfloat16, True),
+        ((132, 49152), torch.float16, True),  # one row an SM
+        ((131, 49152), torch.bfloat16, False),  # fewer: clusters
+        ((1024, 57344), torch.bfloat16, True),
+        ((4096, 61440), torch.float16, True),
+        ((529, 65536), torch.bfloat16, True),  # past 4 rows an SM
+        ((528, 65536), torch.bfloat16, False),
+        ((4096, 65536), torch.float16, False),  # fp16 spills at 64 registers
+        ((4096, 32768), torch.bfloat16, False),  # 512-thread rows (wide_ln_row)
+        ((4096, 40000), torch.bfloat16, False),  # not whole warps of 64 elements
+        ((512, 131072), torch.bfloat16, False),
+    ],
+)
+def test_explain_wide_layer_norm_register_rows(shape, dtype, taken):
+    """16-bit LayerNorm rows of 64-128 KB (N a multiple of 2048) with 16-bit
+    gamma and beta sit in registers, N / 64 threads a row, one CTA an SM,
+    with plain stores, no next-row prefetch and gamma/beta loaded after the
+    reduction (entry 76); fewer rows than SMs (65536: 4 an SM, and only in
+    bf16) keep shared-memory rows or cluster slices, as do float32 gamma and
+    beta, a residual and rows without bias. Override 1 turns it off, 2 on
+    wherever the row qualifies."""
+    n = shape[1]
+    eligible = n % 2048 == 0 and 32768 < n <= 65536
+    plan = rtcnorm.explain("layer_norm", shape, dtype, device="cpu", arch="sm_90", sm_count=132)
+    flags = kernel_flags(plan["kernel"])
+    assert (WIDE_LN_REGS in plan["reason"]) == taken, plan["reason"]
+    if taken:
+        assert plan["cached_row"] and plan["cluster"] == 1 and plan["smem"] == 0, plan
+        assert plan["block"] == n // 64 and plan["vecs_per_thread"] == 8, plan
+        assert flags & (STREAM_STORE | PREFETCH_NEXT | PRELOAD_AFFINE) == 0, plan["kernel"]
+    for extra in ({"weight_dtype": torch.float32}, {"residual": True}, {"bias": False}):
+        other = rtcnorm.explain("layer_norm", shape, dtype, device="cpu", arch="sm_90", sm_count=132, **extra)
+        assert WIDE_LN_REGS not in other["reason"], (extra, other["reason"])
+    with _tuning.override(fwd_wide_ln_regs=1):
+        off = rtcnorm.explain("layer_norm", shape, dtype, device="cpu", arch="sm_90", sm_count=132)
+        assert WIDE_LN_REGS not in off["reason"]
+        if taken:
+            assert off["kernel"] != plan["kernel"]
+    with _tuning.override(fwd_wide_ln_regs=2):
+        on = rtcnorm.explain("layer_norm", shape, dtype, device="cpu", arch="sm_90", sm_count=132)
+        assert (WIDE_LN_REGS in on["reason"]) == eligible, on["reason"]
+    rms = rtcnorm.explain("rms_norm", shape, dtype, device="cpu", arch="sm_90", sm_count=132)
+    assert WIDE_LN_REGS not in rms["reason"]
+
+
+@pytest.mark.parametrize("n", [36864, 49152, 61440])
+def test_wide_layer_norm_register_rows_compile_unspilled(n):
+    """The rule's rows of 576-960 threads compile for sm_90 within the
+    registers one CTA an SM leaves, spilling at most a few bytes (the
+    division a non-power-of-two row group once took spilled 76-228 bytes
+    there; flat_lanes, entry 76)."""
+    plan = rtcnorm.explain("layer_norm", (4096, n), torch.bfloat16, device="cpu", arch="sm_90", resources=True)
+    assert WIDE_LN_REGS in plan["reason"]
+    assert plan["ptxas"]["spill_stores"] <= 8, plan["ptxas"]
 
 
 @pytest.mark.parametrize(
@@ -518,7 +580,7 @@ def test_explain_without_a_gpu(op, n):
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "residual", "smem"),
     [
-        ("layer_norm", (2048, 65536), torch.bfloat16, False, 131072),  # gamma + beta beside a 64 KB+ row
+        ("layer_norm", (2048, 65536), torch.float16, False, 131072),  # gamma + beta beside a 64 KB+ row
         ("layer_norm", (2048, 32768), torch.bfloat16, False, 0),  # 64 KB in 512 threads: registers
         ("layer_norm", (4096, 8192), torch.float32, False, 32768),  # float32 32 KB rows of 256 threads
         ("layer_norm", (4096, 16384), torch.float32, False, 0),  # float32 64 KB rows of 512 threads
@@ -551,14 +613,15 @@ def test_explain_long_rows_in_shared_memory(op, shape, dtype, residual, smem):
     ("shape", "dtype", "wdtype", "minb"),
     [((2048, 32768), torch.bfloat16, None, 1), ((2048, 32768), torch.float16, torch.float32, 1),
      ((2048, 24576), torch.bfloat16, None, 1), ((4096, 16384), torch.float32, None, 1),
-     ((4096, 16384), torch.bfloat16, None, 2), ((2048, 65536), torch.bfloat16, None, 1)],
+     ((4096, 16384), torch.bfloat16, None, 2), ((2048, 65536), torch.float16, None, 1)],
 )  # fmt: skip
 def test_wide_layer_norm_rows_keep_gamma_and_beta_room(shape, dtype, wdtype, minb):
     """LayerNorm rows of up to 64 KB that CTAs of more than 256 threads cache
     stay in registers at one CTA per SM (128 registers a thread: two spill),
-    leaving L1 to gamma and beta; rows past 64 KB keep the shared-memory row,
-    and 256-thread CTAs take two an SM, which leave the 96 registers of the
-    register-headroom rule (entry 67)."""
+    leaving L1 to gamma and beta; rows past 64 KB keep the shared-memory row
+    (fp16 at 65536: test_explain_wide_layer_norm_register_rows has the rows
+    that leave it), and 256-thread CTAs take two an SM, which leave the 96
+    registers of the register-headroom rule (entry 67)."""
     plan = rtcnorm.explain("layer_norm", shape, dtype, weight_dtype=wdtype, device="cpu", arch="sm_90")
     assert plan["cached_row"] and plan["kernel"].endswith(f", {minb}>"), plan["kernel"]
     assert (plan["smem"] > 0) == (shape[1] * dtype.itemsize > 64 * 1024)
@@ -1227,7 +1290,7 @@ def test_few_row_grids_fetch_gamma_beside_the_row(op, m, n, fetch):
      ("layer_norm", 2048, 32768, {"weight_dtype": torch.float32}, False),  # float32 packs: 128 registers
      ("layer_norm", 2048, 32768, {"bias": False}, False),  # not a wide_ln_row: two CTAs an SM
      ("layer_norm", 4096, 16384, {}, False),  # 256-thread CTAs, launch bounds of two
-     ("layer_norm", 1024, 65536, {}, False),  # the row in shared memory
+     ("layer_norm", 1024, 65536, {}, False),  # 1024-thread rows at 64 registers: spilled with the packs
      ("rms_norm", 2048, 32768, {}, False)],  # two CTAs an SM: 64 registers, spilled with the packs
 )  # fmt: skip
 def test_wide_layer_norm_rows_preload_gamma_and_beta(op, m, n, kw, preload):
@@ -1512,7 +1575,8 @@ CACHED_ROW, TWO_PASS_STATS, L1_ALLOCATE = 1 << 4, 1 << 17, 1 << 18
      ("layer_norm", (4096, 1000), torch.float16, "static_persistent", 0, True),  # uneven vectors
      ("layer_norm", (64, 4097), torch.float32, "multi_wave_cached", 0, True),
      ("layer_norm", (2048, 32768), BF16, None, 0, True),  # 512 threads a row, 16 row blocks per SM
-     ("layer_norm", (1024, 65536), BF16, None, 0, False),  # row in shared memory
+     ("layer_norm", (2048, 65536), torch.float16, None, 0, False),  # row in shared memory
+     ("layer_norm", (2048, 65536), BF16, None, 0, True),  # 1024 threads a row in registers
      ("layer_norm", (4096, 8192), BF16, "multi_wave_reload", 0, False),  # streamed row
      ("layer_norm", (512, 131072), BF16, None, 0, False),  # cluster slices
      ("layer_norm", (4096, 8192), BF16, None, 2, False),
@@ -1547,7 +1611,7 @@ def test_layer_norm_cached_rows_take_two_pass_statistics(op, shape, dtype, mode,
      ("rms_norm", (16384, 4096), BF16, None, True, True),  # residual beside x
      ("layer_norm", (8192, 8192), torch.float32, None, False, True),
      ("layer_norm", (8192, 2048), BF16, None, False, False),
-     ("layer_norm", (2048, 65536), BF16, None, False, True),  # row in shared memory
+     ("layer_norm", (2048, 65536), torch.float16, None, False, True),  # row in shared memory
      ("layer_norm", (4096, 8192), BF16, "multi_wave_reload", False, True),  # streamed twice
      ("layer_norm", (512, 131072), BF16, None, False, False),  # cluster slices keep no_allocate
      ("layer_norm", (1, 262144), torch.float32, None, False, False)],

@@ -259,8 +259,45 @@ static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_n
 // (H100 kernel-only, us, entry 45: bf16 2048x32768 120.4 -> 103.0, fp16
 // 117.1 -> 101.7, 128x32768 12.5 -> 9.9; bf16 rows with float32 gamma/beta
 // 155.4 -> 119.9; float32 4096x16384 190.0 -> 182.7, 2048x16384 99.2 -> 94.2).
-static bool smem_row_rule(const NormProblem& p, int64_t row_bytes, int reg_threads) {
+//
+// Except 16-bit LayerNorm rows of 64-128 KB beside 16-bit gamma and beta
+// (32768 < N <= 65536, N a multiple of 2048): one CTA of N / 64 threads, a
+// whole number of warps, holds the row in registers at 64 elements a thread,
+// one CTA an SM. Its normalize step loads gamma and beta after the row
+// reduction and stores plainly: loaded beside x their packs spill at these
+// registers (288 bytes at N = 65536), and so did the evict-first stores'
+// addresses (236), which also take the prefetch of the next row
+// (wide_ln_register_row's plans drop all three). H100 kernel-only, bf16, us
+// (benchmarks/NOTES.md entry 76), shared-memory rows or cluster slices ->
+// this: 1024 / 4096 x 40960 75.0 -> 65.7, 303.5 -> 234.5; x 49152 98.4 ->
+// 80.8, 336.6 -> 285.6; x 57344 97.4 -> 91.7, 378.5 -> 331.5; 65536 lost at
+// 256 and 512 rows (29.9 -> 30.3, 54.2 -> 55.1: a row then spread over a
+// cluster's 8 SMs runs sooner) and in fp16 (1024 rows 103.0 -> 105.0: its
+// conversions spill 12 bytes at 64 registers), and gained past 4 rows an SM
+// in bf16 (1024 / 2048 / 4096 rows 102.1 -> 100.8, 196.7 -> 190.5, 380.6 ->
+// 366.3), so 65536 takes it there only; narrower rows take it from one row
+// an SM (256 rows of 40960 / 49152: 22.6 -> 20.6, 33.8 -> 27.5), fewer being
+// the latency-bound grids that clusters serve.
+constexpr int64_t kWideLnRegsMinElems = 32768, kWideLnRegsMaxElems = 65536, kWideLnRegsStep = 2048;
+constexpr int kWideLnRegsMinRowsPerSm = 4;
+
+static bool wide_ln_register_row(const NormProblem& p, int sm_count) {
+  const NormTuning& t = norm_tuning();
+  if (t.fwd_wide_ln_regs == 1 || t.fwd_smem_row_bytes != 0 || t.fwd_cta_threads != 0 || t.fwd_vecs_target != 0 ||
+      t.fwd_cache_bytes != 0)
+    return false;
+  const bool shape_ok = p.kind == kLayerNorm && p.has_bias && !p.residual && jit::element_size(p.dtype) == 2 &&
+                        jit::element_size(p.wdtype) == 2 && p.hidden > kWideLnRegsMinElems &&
+                        p.hidden <= kWideLnRegsMaxElems && p.hidden % kWideLnRegsStep == 0;
+  if (!shape_ok) return false;
+  if (t.fwd_wide_ln_regs == 2) return true;
+  if (p.hidden < kWideLnRegsMaxElems) return p.rows >= sm_count;
+  return p.dtype == jit::DType::kBFloat16 && p.rows > int64_t{kWideLnRegsMinRowsPerSm} * sm_count;
+}
+
+static bool smem_row_rule(const NormProblem& p, int64_t row_bytes, int reg_threads, int sm_count) {
   if (p.residual) return row_bytes >= 16 * 1024;
+  if (wide_ln_register_row(p, sm_count)) return false;
   if (!p.has_bias) return false;
   if (row_bytes > 64 * 1024) return true;
   return jit::element_size(p.dtype) == 4 && row_bytes >= 32 * 1024 && reg_threads <= 256;
@@ -405,6 +442,9 @@ static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool
 constexpr const char* kRegisterRowWhy = "row fits in registers (";
 constexpr const char* kPersistentGridWhy = "; grid = SMs x occupancy";
 constexpr const char* kMultiWaveGridWhy = "; grid = one CTA per row block";
+constexpr const char* kWideLnRegsWhy =
+    "; a 16-bit LayerNorm row of 64-128 KB at 64 elements a thread: gamma and beta loaded after the row reduction, "
+    "plain stores";
 constexpr const char* kPrefetchAheadWhy =
     "; each CTA prefetches into L2 the row a device-full of CTAs ahead and stores evict-first";
 
@@ -441,8 +481,8 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const int smem_vecs = pick(t.fwd_smem_vecs, smem_row_vecs(p, row_bytes));
   const int smem_tpr = choose_tpr(nvec, smem_vecs);
   const int smem_rows = std::max(1, kCtaThreads / smem_tpr);
-  const bool smem_wanted =
-      t.fwd_smem_row_bytes > 0 ? row_bytes >= t.fwd_smem_row_bytes : (!reg_can || smem_row_rule(p, row_bytes, reg_tpr));
+  const bool smem_wanted = t.fwd_smem_row_bytes > 0 ? row_bytes >= t.fwd_smem_row_bytes
+                                                    : (!reg_can || smem_row_rule(p, row_bytes, reg_tpr, sm_count));
   const bool smem_fits = !narrow && smem_wanted && smem_rows * row_bytes <= max_smem_per_block(arch);
   const bool fits = smem_fits || reg_can;
   const int tpr = smem_fits ? smem_tpr : reg_tpr;
@@ -557,8 +597,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // RMSNorm's 1024-thread rows lost 10-30% (2048x65536 183.9 -> 238.6), so
   // the rule keeps to 16-bit LayerNorm rows. (Read only for a row cached in
   // registers: the mode choice below and plan.prefetch_ahead both imply it.)
-  const bool ahead_rule = t.fwd_prefetch_ahead != 1 && wide_ln_row(p, tpr * rows, thread_bytes) && !small_grid &&
-                          reg_min_blocks == 1 && (esize == 2 || t.fwd_prefetch_ahead == 2);
+  const bool wide_regs = !smem_fits && wide_ln_register_row(p, sm_count);
+  const bool ahead_rule = t.fwd_prefetch_ahead != 1 && !wide_regs && wide_ln_row(p, tpr * rows, thread_bytes) &&
+                          !small_grid && reg_min_blocks == 1 && (esize == 2 || t.fwd_prefetch_ahead == 2);
 
   // Narrow rows run persistent up to kNarrowPersistentBlocksPerSm row blocks
   // per SM at the base vectors per thread; a CTA of fuller threads counts as
@@ -636,14 +677,16 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   k.threads_per_row = static_cast<int16_t>(tpr);
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
-  k.flags =
-      (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
-      (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
-      (keep ? kKeepGamma : 0u) |
-      hint_bits(t.fwd_hints, (p.hidden >= 32768 && !in_smem) || plan.prefetch_ahead,
-                (plan.persistent && in_regs) || plan.prefetch_ahead) |
-      affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
-                        !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes), packs_fit);
+  k.flags = (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
+            (p.residual ? kResidual : 0u) | (in_regs ? kCachedRow : 0u) | (in_smem ? kSmemRow : 0u) |
+            (keep ? kKeepGamma : 0u) |
+            hint_bits(t.fwd_hints, ((p.hidden >= 32768 && !in_smem) || plan.prefetch_ahead) && !wide_regs,
+                      (plan.persistent && in_regs) || plan.prefetch_ahead) |
+            (wide_regs && t.fwd_affine_prefetch == 0
+                 ? 0u
+                 : affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
+                                     !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes),
+                                     packs_fit));
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
@@ -676,7 +719,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   why << "; vec=" << vec << " threads_per_row=" << tpr << " rows_per_cta=" << rows << " vecs_per_thread=" << nv
       << (in_smem ? "; shared memory " + std::to_string(plan.smem) + " bytes" : std::string())
       << (plan.persistent ? kPersistentGridWhy : kMultiWaveGridWhy) << (keep ? "; gamma kept in registers" : "")
-      << (plan.prefetch_ahead ? kPrefetchAheadWhy : "");
+      << (plan.prefetch_ahead ? kPrefetchAheadWhy : "") << (wide_regs && in_regs ? kWideLnRegsWhy : "");
   why.finish();
   return plan;
 }

@@ -134,6 +134,11 @@ struct NormTuning {
   // a cluster (or, backward, staging its rows).
   int fwd_single_stride = 0;
   int bwd_single_stride = 0;
+  // 16-bit LayerNorm rows of 64-128 KB in registers at 64 elements a thread,
+  // one CTA an SM (wide_ln_register_row): 1 = never (the shared-memory rows
+  // and cluster slices before it), 2 = on every such row, whatever the grid
+  // or dtype.
+  int fwd_wide_ln_regs = 0;
 };
 
 NormTuning& norm_tuning();

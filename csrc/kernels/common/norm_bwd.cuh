@@ -358,8 +358,13 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
   __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
   cluster_exchange_init(cscratch);
-  const int lane = threadIdx.x % TPR;
-  const int group = threadIdx.x / TPR;
+  // (flat_lanes.) CTAs of a column or row cluster keep the division: flat,
+  // LayerNorm's 448-thread row-cluster and 224-thread column-cluster rows ran
+  // 8-9% slower (H100, bf16 16384x7168 261.7 -> 282.8 us, 4096x14336 145.4 ->
+  // 158.7; benchmarks/NOTES.md entry 76).
+  constexpr bool kFlat = kCl == 1 && kRc == 1 && flat_lanes<TPR, ROWS>();
+  const int lane = kFlat ? threadIdx.x : threadIdx.x % TPR;
+  const int group = kFlat ? 0u : threadIdx.x / TPR;
   const int vbase = cluster_rank<kCl>() * kVecs;  // this CTA's first vector of a row
   const long long col0 = 1LL * vbase * VEC;       // and first column
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
@@ -479,7 +484,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       }
     }
 
-    s = group_allreduce<TPR, ROWS>(s, scratch);
+    s = group_allreduce<TPR, ROWS, kFlat>(s, scratch);
     cluster_publish<kCl, ROWS, TPR>(s, cscratch, calls, group, lane);
     if constexpr (kCl > 1 && !kTerms) {
       // dW / dB need only the saved statistics: sum them while the cluster's

@@ -289,8 +289,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   __shared__ GroupScratch<TPR, kTwoPass ? ROWS : 1, Sum1> scratch1;
   __shared__ ClusterScratch<kHwCl, ROWS, Red> cscratch;
   cluster_exchange_init(cscratch);
-  const int lane = threadIdx.x % TPR;
-  const int group = threadIdx.x / TPR;
+  constexpr bool kFlat = flat_lanes<TPR, ROWS>();
+  const int lane = kFlat ? threadIdx.x : threadIdx.x % TPR;
+  const int group = kFlat ? 0u : threadIdx.x / TPR;
   const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kHwCl>();
   unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS, Red>(p.exchange, blockIdx.x / kCl) : nullptr;
   const int vbase = rank * kVecs;            // this CTA's first vector of a row

@@ -162,19 +162,40 @@ __device__ __forceinline__ Acc lanes_allreduce(Acc v) {
   return v;
 }
 
+// Whether a CTA of ROWS groups of TPR threads (blockDim.x == TPR * ROWS)
+// takes a thread's lane in its group as threadIdx.x and the group as 0
+// rather than dividing by TPR: one group whose TPR is not a power of two (a
+// row of 320 or 768 threads). The compiler cannot bound threadIdx.x by TPR,
+// so the division made the row index differ per thread, and ptxas held a
+// per-thread row, row test and addresses (H100, sm_90: a bf16 LayerNorm
+// 49152-wide row at 768 threads spilled 76 bytes at 80 registers, 4 without;
+// RMSNorm's 5120-wide backward at 320 threads 20 bytes, 0; benchmarks/NOTES.md
+// entry 76). Power-of-two TPR keep the division, a mask and a shift: spelled
+// as here, ptxas scheduled some of those kernels worse (bf16 LayerNorm
+// 1024x65536 on clusters of 128-thread CTAs, 102 -> 158 us). Callers write
+// `flat ? threadIdx.x : threadIdx.x % TPR` in place, so that kernels outside
+// the case compile to the same machine code as before it.
+template <int TPR, int ROWS>
+__device__ constexpr bool flat_lanes() {
+  return ROWS == 1 && (TPR & (TPR - 1)) != 0;
+}
+
 // Shared scratch needed by group_allreduce<TPR, ROWS, Acc>.
 template <int TPR, int ROWS, typename Acc>
 struct GroupScratch {
   Acc slot[ROWS * (TPR > 32 ? TPR / 32 : 1)];
 };
 
-template <int TPR, int ROWS, typename Acc>
+// FLAT = false keeps the division where flat_lanes would drop it (norm_bwd's
+// clusters).
+template <int TPR, int ROWS, bool FLAT = true, typename Acc>
 __device__ __forceinline__ Acc group_allreduce(Acc v, GroupScratch<TPR, ROWS, Acc>& scratch) {
   v = lanes_allreduce<(TPR < 32 ? TPR : 32)>(v);
   if constexpr (TPR > 32) {
     constexpr int kWarpsPerRow = TPR / 32;
-    const int group = threadIdx.x / TPR;
-    const int warp_in_group = (threadIdx.x % TPR) / 32;
+    constexpr bool kFlat = FLAT && flat_lanes<TPR, ROWS>();
+    const int group = kFlat ? 0u : threadIdx.x / TPR;
+    const int warp_in_group = (kFlat ? threadIdx.x : threadIdx.x % TPR) / 32;
     if ((threadIdx.x & 31) == 0) scratch.slot[group * kWarpsPerRow + warp_in_group] = v;
     __syncthreads();
     const Acc r = merge_in_order<kWarpsPerRow>(&scratch.slot[group * kWarpsPerRow]);
