@@ -687,7 +687,8 @@ def test_forward_grid_groups_match_the_cluster_exchange(op, m, n, dtype, variant
      ("rms_norm", 129, 131072, torch.bfloat16, "weight", {"fwd_grid_exchange": 1}),
      ("rms_norm", 1003, 32768, torch.bfloat16, "weight", {"fwd_cluster": 4, "fwd_defer_stats": 2}),
      ("rms_norm", 40, 131072, torch.bfloat16, "weight", {"fwd_defer_stats": 2, "fwd_ring_stages": 5}),
-     ("layer_norm", 777, 65536, torch.bfloat16, "weight_bias", {"fwd_defer_stats": 2, "fwd_ring_stages": 4}),
+     ("layer_norm", 777, 65536, torch.bfloat16, "weight_bias",
+      {"fwd_defer_stats": 2, "fwd_ring_stages": 4, "fwd_wide_ln_regs": 1}),
      ("layer_norm", 300, 131072, torch.float32, "bias", {"fwd_defer_stats": 2}),
      ("layer_norm", 1003, 24576, torch.bfloat16, "mixed", {"fwd_cluster": 4, "fwd_defer_stats": 2})],
 )  # fmt: skip
@@ -701,7 +702,7 @@ def test_forward_deferred_slices_match_the_meeting_loop(op, m, n, dtype, variant
     hardware cluster, rings of 4 and 5 stages, LayerNorm's moments (equal
     counts, and three-warp slices merging by the general formula)."""
     x, w, b, zcg, r, kwargs = op_inputs(op, m, n, dtype, variant, 0.0 if variant == "mixed" else 100.0)
-    base = {k: v for k, v in tuning.items() if k in ("fwd_cluster", "fwd_grid_exchange")}
+    base = {k: v for k, v in tuning.items() if k in ("fwd_cluster", "fwd_grid_exchange", "fwd_wide_ln_regs")}
     with _tuning.override(fwd_defer_stats=1, **base):
         meeting = rtcnorm.explain(op, (m, n), dtype, **kwargs)
         expected = forward_outputs(op, x, w, b, zcg, r)
@@ -721,7 +722,7 @@ def test_forward_deferred_slices_match_the_meeting_loop(op, m, n, dtype, variant
      ("layer_norm", 257, 16384, torch.bfloat16, "mixed", "fwd"),
      ("layer_norm", 280, 7168, torch.float32, "weight_bias", "fwd"),
      ("layer_norm", 300, 8192, torch.float32, "bias", "fwd"),
-     ("layer_norm", 1100, 49152, torch.bfloat16, "weight_bias", "fwd"),
+     ("layer_norm", 1100, 49664, torch.bfloat16, "weight_bias", "fwd"),  # 49152: wide_ln_register_row
      ("layer_norm", 16387, 512, torch.bfloat16, "mixed", "fwd"),
      ("rms_norm", 1001, 2560, torch.bfloat16, "weight", "bwd"),
      ("rms_norm", 997, 1536, torch.float32, "zero_centered", "bwd"),
