@@ -16,6 +16,9 @@ SINGLE_STRIDE = 1 << 9
 STREAM_STORE = 1 << 10
 PREFETCH_NEXT = 1 << 11
 PRELOAD_AFFINE = 1 << 24
+# explain()'s reason for a 16-bit LayerNorm row of 64-128 KB in registers
+# (wide_ln_register_row).
+WIDE_LN_REGS = "a 16-bit LayerNorm row of 64-128 KB at 64 elements a thread"
 
 
 def rows_of_strides(rows: int, n: int, dtype, device, groups: int) -> torch.Tensor:

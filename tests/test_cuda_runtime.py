@@ -11,6 +11,7 @@ from norm_checks import (
     PREFETCH_NEXT,
     PRELOAD_AFFINE,
     SINGLE_STRIDE,
+    WIDE_LN_REGS,
     check_layer_norm,
     check_rms_norm,
     kernel_flags,
@@ -273,7 +274,7 @@ def test_wide_layer_norm_register_rows(m, n, dtype, variant, forced, poison):
     with _tuning.override(fwd_wide_ln_regs=forced):
         wdtype = torch.float32 if variant == "mixed" else None
         plan = rtcnorm.explain("layer_norm", (m, n), dtype, weight_dtype=wdtype, device=0)
-        taken = "64 elements a thread: gamma and beta loaded after" in plan["reason"]
+        taken = WIDE_LN_REGS in plan["reason"]
         assert taken == (forced != 1 and variant != "mixed"), plan["reason"]
         check_contiguous_and_strided("layer_norm", m, n, dtype, variant, None, poison)
 

@@ -14,6 +14,7 @@ from norm_checks import (
     PRELOAD_AFFINE,
     SINGLE_STRIDE,
     STREAM_STORE,
+    WIDE_LN_REGS,
     column_cluster,
     kernel_flags,
     one_wave_packs,
@@ -419,9 +420,6 @@ def test_forced_single_stride_kernels_compile(op, shape):
     for phase in (plan, plan["backward"]):
         assert kernel_flags(phase["kernel"]) & SINGLE_STRIDE, phase["kernel"]
         assert phase["ptxas"]["registers"] > 0, phase
-
-
-WIDE_LN_REGS = "a 16-bit LayerNorm row of 64-128 KB at 64 elements a thread"
 
 
 @pytest.mark.parametrize(

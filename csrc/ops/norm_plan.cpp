@@ -283,6 +283,7 @@ constexpr int kWideLnRegsMinRowsPerSm = 4;
 
 static bool wide_ln_register_row(const NormProblem& p, int sm_count) {
   const NormTuning& t = norm_tuning();
+  // (An override of the row's layout or storage plans the row as asked.)
   if (t.fwd_wide_ln_regs == 1 || t.fwd_smem_row_bytes != 0 || t.fwd_cta_threads != 0 || t.fwd_vecs_target != 0 ||
       t.fwd_cache_bytes != 0)
     return false;
@@ -295,9 +296,8 @@ static bool wide_ln_register_row(const NormProblem& p, int sm_count) {
   return p.dtype == jit::DType::kBFloat16 && p.rows > int64_t{kWideLnRegsMinRowsPerSm} * sm_count;
 }
 
-static bool smem_row_rule(const NormProblem& p, int64_t row_bytes, int reg_threads, int sm_count) {
+static bool smem_row_rule(const NormProblem& p, int64_t row_bytes, int reg_threads) {
   if (p.residual) return row_bytes >= 16 * 1024;
-  if (wide_ln_register_row(p, sm_count)) return false;
   if (!p.has_bias) return false;
   if (row_bytes > 64 * 1024) return true;
   return jit::element_size(p.dtype) == 4 && row_bytes >= 32 * 1024 && reg_threads <= 256;
@@ -425,11 +425,16 @@ static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kW
 // over four runs) and keep the plain loads. Across the standard shapes at 64
 // registers the packs spill and cost 40-200% (RMSNorm 4096x2048 12.5 ->
 // 22.0 us, LayerNorm 16384x8192 184 -> 479).
+//
+// Rows of wide_ln_register_row (after_reduction) load them after the row
+// reduction unless an override says otherwise: beside x their packs spill.
 static unsigned affine_fetch_rule(int override_value, const NormProblem& p, bool keep, bool in_regs, int nv,
-                                  bool latency_layout, bool small_grid, bool wide_ln, bool packs_fit) {
+                                  bool latency_layout, bool small_grid, bool wide_ln, bool packs_fit,
+                                  bool after_reduction) {
   if (keep || !(p.has_weight || p.has_bias)) return 0u;
   if (override_value == 3) return in_regs ? kPreloadAffine : kPrefetchAffine;
   if (override_value > 0) return override_value == 2 ? kPrefetchAffine : 0u;
+  if (after_reduction) return 0u;
   if (in_regs && packs_fit) return kPreloadAffine;
   if (in_regs && latency_layout && nv <= kLatencyVecs) return kPreloadAffine;
   const bool packs16 = jit::element_size(p.dtype) == 2 && jit::element_size(p.wdtype) == 2;
@@ -481,8 +486,10 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const int smem_vecs = pick(t.fwd_smem_vecs, smem_row_vecs(p, row_bytes));
   const int smem_tpr = choose_tpr(nvec, smem_vecs);
   const int smem_rows = std::max(1, kCtaThreads / smem_tpr);
-  const bool smem_wanted = t.fwd_smem_row_bytes > 0 ? row_bytes >= t.fwd_smem_row_bytes
-                                                    : (!reg_can || smem_row_rule(p, row_bytes, reg_tpr, sm_count));
+  const bool wide_ln_regs = wide_ln_register_row(p, sm_count);
+  const bool smem_wanted = t.fwd_smem_row_bytes > 0
+                               ? row_bytes >= t.fwd_smem_row_bytes
+                               : (!reg_can || (!wide_ln_regs && smem_row_rule(p, row_bytes, reg_tpr)));
   const bool smem_fits = !narrow && smem_wanted && smem_rows * row_bytes <= max_smem_per_block(arch);
   const bool fits = smem_fits || reg_can;
   const int tpr = smem_fits ? smem_tpr : reg_tpr;
@@ -597,7 +604,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // RMSNorm's 1024-thread rows lost 10-30% (2048x65536 183.9 -> 238.6), so
   // the rule keeps to 16-bit LayerNorm rows. (Read only for a row cached in
   // registers: the mode choice below and plan.prefetch_ahead both imply it.)
-  const bool wide_regs = !smem_fits && wide_ln_register_row(p, sm_count);
+  const bool wide_regs = !smem_fits && wide_ln_regs;
   const bool ahead_rule = t.fwd_prefetch_ahead != 1 && !wide_regs && wide_ln_row(p, tpr * rows, thread_bytes) &&
                           !small_grid && reg_min_blocks == 1 && (esize == 2 || t.fwd_prefetch_ahead == 2);
 
@@ -682,11 +689,9 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
             (keep ? kKeepGamma : 0u) |
             hint_bits(t.fwd_hints, ((p.hidden >= 32768 && !in_smem) || plan.prefetch_ahead) && !wide_regs,
                       (plan.persistent && in_regs) || plan.prefetch_ahead) |
-            (wide_regs && t.fwd_affine_prefetch == 0
-                 ? 0u
-                 : affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
-                                     !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes),
-                                     packs_fit));
+            affine_fetch_rule(t.fwd_affine_prefetch, p, keep, in_regs, nv, few_rows, small_grid,
+                              !cluster_slice && tpr * rows >= 512 && wide_ln_row(p, tpr * rows, thread_bytes),
+                              packs_fit, wide_regs);
   // Sweeps: capping registers at 4 CTAs/SM (128 per thread at 128 threads)
   // keeps more rows in flight than the compiler's own choice. A shared-memory
   // row allows no more CTAs per SM than its rows fit there.
