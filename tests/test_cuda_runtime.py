@@ -931,7 +931,8 @@ def test_backward_terms_kept_between_passes_and_ring_depth_change_no_bit(op, m, 
     ("m", "n", "dtype", "variant"),
     [(1, 4096, torch.bfloat16, "weight"), (2, 4096, torch.bfloat16, "residual"), (1, 8192, torch.float16, "mixed"),
      (1, 7, torch.float32, "zero_centered"), (64, 128, torch.bfloat16, "weight"), (3, 1000, torch.float32, "bias_only"),
-     (1, 65536, torch.bfloat16, "weight")],
+     (1, 65536, torch.bfloat16, "weight"), (1, 2048, torch.bfloat16, "bias_only"), (1, 4096, torch.float32, "mixed"),
+     (1, 6144, torch.float16, "zero_centered")],
 )  # fmt: skip
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_backward_of_one_row_block_writes_its_gradients_directly(op, m, n, dtype, variant, poison):

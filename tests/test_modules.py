@@ -1158,6 +1158,34 @@ def _check_one_row_block_writes_the_gradients(op, shape, dtype, direct, cluster,
     assert not rtcnorm.explain(op, shape, dtype, elementwise_affine=False, **kw)["backward"]["direct_grads"]
 
 
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "early"),
+    [("rms_norm", (1, 4096), BF16, True), ("layer_norm", (1, 4096), BF16, True),
+     ("layer_norm", (1, 8192), torch.float16, True), ("rms_norm", (1, 4096), torch.float32, True),
+     ("rms_norm", (1, 65536), BF16, False),  # a cluster's CTAs: their sums meet first
+     ("layer_norm", (64, 128), BF16, False),  # terms not kept: dW is summed beside dx
+     ("rms_norm", (1, 7), torch.float32, False), ("rms_norm", (2, 4096), BF16, False)],
+)  # fmt: skip
+def test_a_lone_cta_stores_its_gradients_before_the_row_reduction(op, shape, dtype, early):
+    """A lone CTA writing dW / dB itself from the terms of its first pass
+    stores them before the row reduction (the dx pass no longer waits to
+    drain them); explain() says so exactly where the kernel does it: direct,
+    terms kept, no column or row cluster. Without a weight (or bias) there
+    is nothing to store."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    said = "gradients are stored before the row reduction" in plan["reason"]
+    assert said == early, plan["reason"]
+    if early:
+        flags = kernel_flags(plan["kernel"])
+        assert flags & DIRECT_GRADS and flags & KEEP_TERMS and plan["cluster"] == 1 and not plan["row_cluster"], plan
+    bare = rtcnorm.explain(op, shape, dtype, elementwise_affine=False, **kw)["backward"]
+    assert "stored before the row reduction" not in bare["reason"], bare["reason"]
+    with _tuning.override(bwd_direct_grads=1):
+        off = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert "stored before the row reduction" not in off["reason"], off["reason"]
+
+
 def _explain_off_on(switch: str, op, shape, dtype, **kw) -> tuple[dict, dict]:
     """explain() with the tuning switch `switch` forced off (1), then on (2)."""
     plans = []

@@ -851,6 +851,9 @@ constexpr int kDeepPipeRowBlocksPerSm = 4;
 constexpr const char* kDirectGradsWhy =
     "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
 constexpr const char* kPartialRowsWhy = "; grid = SMs x occupancy, one fp32 partial row per CTA";
+// early_direct_grads (H100, bf16, us, benchmarks/NOTES.md entry 77: RMSNorm
+// 1x4096 2.23 -> 2.12, LayerNorm 2.48 -> 2.29, float32 RMSNorm 2.57 -> 2.35).
+constexpr const char* kEarlyGradsWhy = "; the gradients are stored before the row reduction";
 
 // explain() text of a row split into column slices, which the grid-group rule
 // (with_grid_exchange) rewrites for slices that are not a hardware cluster.
@@ -1884,6 +1887,8 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
   }
   plan = with_bwd_single_stride(with_grid_exchange(std::move(plan), sm_count, arch, explain), p, sm_count, explain);
+  if (explain && !plan.split && early_direct_grads(plan.key.flags, plan.key.threads_per_row, plan.key.rows_per_cta))
+    plan.reason += kEarlyGradsWhy;
   const int forced = t.bwd_programmatic;
   plan.programmatic = forced > 0 ? forced == 2 : arch >= 90;
   return plan;

@@ -353,6 +353,11 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   static_assert((FLAGS & kDirectGrads) == 0 || kCached, "only register sums are written as the gradients");
   constexpr int kRc = 1 << ((FLAGS & kRowClusterBits) >> kRowClusterShift);
   static_assert(kRc == 1 || (kCl == 1 && kCached), "a row cluster's CTAs cache whole rows in registers or the ring");
+  constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
+  // (The loop below then runs once, and dW / dB are whole after its first pass.)
+  constexpr bool kEarlyGrads = early_direct_grads(FLAGS, TPR, ROWS);
+  static_assert(!kEarlyGrads || (kTerms && kCl == 1 && kRc == 1 && BwdLayout<TPR, ROWS>::kBundles == 1),
+                "gradients stored early: a lone CTA, its terms kept, one bundle of columns");
 
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
@@ -484,6 +489,14 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
       }
     }
 
+    if constexpr (kEarlyGrads) {
+      // The gradients are complete: their stores drain during the row
+      // reduction and the dx pass instead of after them.
+      if constexpr (kDw)
+        write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, true>(dw_acc, pw, static_cast<W*>(p.dw), smem);
+      if constexpr (kDb)
+        write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, true>(db_acc, pb, static_cast<W*>(p.db), smem);
+    }
     s = group_allreduce<TPR, ROWS, kFlat>(s, scratch);
     cluster_publish<kCl, ROWS, TPR>(s, cscratch, calls, group, lane);
     if constexpr (kCl > 1 && !kTerms) {
@@ -584,7 +597,6 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 
   cluster_exit<kCl>(calls);
   if constexpr (kStaged) __syncthreads();  // the partial-row combine reuses the ring
-  constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
   if constexpr (kRc > 1) {
     // The CTA's column sums stay in its shared memory, dW's at [0, N) and
     // dB's after them (each combine's bundles start at its own sums, which
@@ -600,7 +612,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
     if constexpr (kDb)
       sum_row_cluster_columns<N, kRc, W, kDirect>(sum_b, kDirect ? nullptr : p.partial_b + part, static_cast<W*>(p.db));
     cluster_barrier();
-  } else {
+  } else if constexpr (!kEarlyGrads) {
     if constexpr (kCached && kDw)
       write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem);
     if constexpr (kCached && kDb)
