@@ -43,7 +43,9 @@
 //   cluster): the column sums are dW / dB themselves; they are written to
 //   p.dw / p.db in the weight dtype and no partial row or column reduce
 //   exists. Same additions in the same order, so the same bits as the fp32
-//   partial row that the reduce would convert.
+//   partial row that the reduce would convert. A lone CTA whose first pass
+//   keeps its terms has them whole before the row reduction and stores them
+//   there (early_direct_grads, params.cuh).
 // - A row cluster of RC CTAs (kRowClusterBits, cached rows, no column
 //   split): each CTA walks row blocks as a lone CTA would, then the
 //   cluster's column sums meet in distributed shared memory (in rank order)
