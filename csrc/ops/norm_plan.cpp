@@ -808,11 +808,6 @@ static bool stage_rule(const NormProblem& p, bool grad_dh) {
   return jit::element_size(p.dtype) == 2 && (grad_dh ? p.hidden > 8192 : p.hidden >= 7168);
 }
 
-// The backward CTA's bundles (kernels/common/norm_bwd.cuh, BwdLayout): row
-// groups whose column sums are combined through shared memory, whole warps
-// when a group is narrower than one.
-static int bwd_bundles(int tpr, int rows) { return tpr < 32 ? (tpr * rows) / 32 : rows; }
-
 // RMSNorm grids of a few 16-bit register rows (up to 256 threads a row): CTAs
 // sized to the rows rather than 512 threads. A grid of one row block gets a
 // CTA of just its rows (no idle row groups in its barriers); up to 32 row

@@ -65,10 +65,7 @@ namespace rtcnorm {
 
 template <int TPR, int ROWS>
 struct BwdLayout {
-  // A bundle is a set of row groups whose column sums are combined through
-  // shared memory: whole warps for TPR < 32 (the groups inside a warp are
-  // combined with shuffles first), whole groups otherwise.
-  static constexpr int kBundles = TPR < 32 ? (TPR * ROWS) / 32 : ROWS;
+  static constexpr int kBundles = bwd_bundles(TPR, ROWS);  // (params.cuh)
 };
 
 // The staging ring (kStagedRow) of one row group: stage s, tensor t (x, dy,

@@ -117,14 +117,20 @@ constexpr RTCNORM_HOST_DEVICE int grid_slot_words_for(int floats) { return float
 constexpr int kRingExtraShift = 19;
 constexpr int kRowClusterShift = 26;
 
+// Backward (norm_bwd.cuh, BwdLayout; the planner sizes shared memory by it):
+// a bundle is a set of row groups whose column sums are combined through
+// shared memory: whole warps for TPR < 32 (the groups inside a warp are
+// combined with shuffles first), whole groups otherwise.
+constexpr RTCNORM_HOST_DEVICE int bwd_bundles(int tpr, int rows) { return tpr < 32 ? (tpr * rows) / 32 : rows; }
+
 // Backward (norm_bwd.cuh): a lone CTA that writes the gradients itself
 // (kDirectGrads with neither a column nor a row cluster, so the grid and
 // row_blocks are 1) from terms summed in its first pass (kKeepTerms), one
-// bundle of columns wide (no shared-memory combine: TPR * ROWS one warp of
-// rows, or one row of a warp or more), stores them before the row reduction.
+// bundle of columns wide (no shared-memory combine), stores them before the
+// row reduction.
 constexpr RTCNORM_HOST_DEVICE bool early_direct_grads(unsigned flags, int tpr, int rows) {
   return (flags & (kCachedRow | kKeepTerms | kDirectGrads)) == (kCachedRow | kKeepTerms | kDirectGrads) &&
-         (flags & (kClusterBits | kCluster16 | kRowClusterBits)) == 0 && (tpr < 32 ? tpr * rows == 32 : rows == 1);
+         (flags & (kClusterBits | kCluster16 | kRowClusterBits)) == 0 && bwd_bundles(tpr, rows) == 1;
 }
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
