@@ -84,6 +84,7 @@ constexpr Tunable kTunables[] = {
     {"bwd_row_cluster", &NormTuning::bwd_row_cluster, 16},
     {"bwd_defer_stats", &NormTuning::bwd_defer_stats, 2},
     {"bwd_column_grads", &NormTuning::bwd_column_grads, 2},
+    {"bwd_one_wave_columns", &NormTuning::bwd_one_wave_columns, 2},
     {"bwd_grid_exchange", &NormTuning::bwd_grid_exchange, 2},
     {"fwd_grid_exchange", &NormTuning::fwd_grid_exchange, 2},
     {"fwd_prefetch_ahead", &NormTuning::fwd_prefetch_ahead, 2},

@@ -1002,6 +1002,39 @@ def test_backward_column_ctas_write_the_weight_grads(op, m, n, dtype, variant, p
     check(op, results[2], ref(op, t), m)
 
 
+@pytest.mark.parametrize(
+    ("m", "n", "dtype", "variant"),
+    [(256, 8192, torch.bfloat16, "weight"), (192, 8192, torch.float16, "zero_centered"),
+     (128, 8192, torch.bfloat16, "residual"), (100, 8000, torch.bfloat16, "mixed"), (37, 8190, torch.bfloat16, "weight"),
+     (200, 6000, torch.float16, "bias_only"), (2, 8192, torch.bfloat16, "weight"),
+     (256, 4096, torch.bfloat16, "zero_centered"), (100, 5120, torch.float32, "weight")],
+)  # fmt: skip
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_backward_one_wave_column_grids(op, m, n, dtype, variant, poison):
+    """Grids whose row CTAs and column CTAs all fit the SMs at once hand dW / dB
+    to the column CTAs (one wave) where the other plans walk row blocks or stage
+    rows: y bitwise that of the plan without it (bwd_one_wave_columns=1), dx and
+    dW / dB the reference's, every output bitwise the same on a second run,
+    contiguous and row-strided."""
+    if op == "layer_norm":
+        variant = layer_norm_variant(variant)
+    kw = dict(residual=variant == "residual", device="cuda")
+    with _tuning.override(bwd_one_wave_columns=1):
+        before = rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]
+        torch.manual_seed(29)
+        t = make(op, (m, n), dtype)
+        old = run(op, t)
+    plan = rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]
+    if "one wave" not in plan["reason"]:
+        pytest.skip(f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs: no one-wave plan here")
+    assert not before["column_grads"] and plan["column_grads"] and plan["block"] == 256, (before, plan)
+    assert plan["grid"] == plan["row_blocks"] + plan["column_ctas"], plan
+    got = run_poisoned_and_repeated(op, t, poison)
+    assert torch.equal(got["y"], old["y"])
+    check(op, got, ref(op, t), m)
+    check_contiguous_and_strided(op, m, n, dtype, variant, None, poison)
+
+
 def layer_norm_variant(variant):
     """An RMSNorm input variant as LayerNorm's: no residual there, and a weight
     comes with a bias."""

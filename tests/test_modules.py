@@ -488,8 +488,8 @@ def test_wide_layer_norm_register_rows_compile_unspilled(n):
         ((32, 4096), None, True, True),  # column CTAs beside the row CTAs
         ((32, 4096), (8192, 1), True, True),  # every other row: still one stride
         ((16, 2, 4096), (3 * 2 * 4096, 4096, 1), False, False),  # q heads of a fused projection
-        ((64, 8192), None, True, False),  # one CTA an SM; backward rows staged
-        ((256, 8192), None, False, False),  # two CTAs an SM; a row cluster
+        ((64, 8192), None, True, True),  # one CTA an SM; backward a one-wave column grid
+        ((256, 8192), None, False, False),  # two CTAs an SM; backward 256 row CTAs in one wave
         ((16384, 8192), None, False, False),
     ],
 )
@@ -1209,7 +1209,7 @@ COLUMN_GRADS = 1 << 21
      ("rms_norm", (2, 1024), BF16, {}, None),  # one CTA sized to its rows writes them too
      ("layer_norm", (2, 4096), BF16, {}, 64), ("rms_norm", (8, 1024), BF16, {}, 16),  # a few rows
      ("layer_norm", (64, 128), BF16, {}, None), ("rms_norm", (128, 256), BF16, {}, None),  # narrow rows
-     ("rms_norm", (256, 8192), BF16, {}, None),  # staged rows
+     ("rms_norm", (512, 8192), BF16, {}, None),  # staged rows (past one wave: test_one_wave_column_grids)
      ("layer_norm", (16384, 4096), BF16, {}, None),  # a full grid
      ("rms_norm", (32, 4096), BF16, {"elementwise_affine": False}, None)],  # nothing to sum
 )  # fmt: skip
@@ -1271,6 +1271,53 @@ def test_column_gradient_grids_take_256_thread_ctas(op, shape, dtype, block, row
     assert forced["block"] == 512 and forced["column_grads"] and "column-gradient grid" not in forced["reason"]
     bare = rtcnorm.explain(op, shape, dtype, elementwise_affine=False, **kw)["backward"]
     assert not bare["column_grads"] and "column-gradient grid" not in bare["reason"], bare
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "extra", "arch", "sm_count", "bounds", "cols"),
+    [("rms_norm", (256, 8192), BF16, {}, "sm_90", 132, 3, 128),  # 256 + 128 CTAs, three an SM
+     ("layer_norm", (256, 8192), BF16, {}, "sm_90", 132, 3, 128),
+     ("rms_norm", (128, 8192), BF16, {}, "sm_90", 132, 2, 128),  # two an SM hold 256
+     ("layer_norm", (2, 8192), torch.float16, {}, "sm_90", 132, 2, 128),  # rows the rules stage
+     ("rms_norm", (128, 8192), BF16, {"residual": True}, "sm_90", 132, 2, 128),
+     ("layer_norm", (100, 8000), BF16, {"weight_dtype": torch.float32}, "sm_90", 132, 2, 125),
+     ("rms_norm", (37, 8190), BF16, {}, "sm_90", 132, 2, 128),  # pairs of elements, 64 a column CTA
+     ("rms_norm", (200, 6000), BF16, {}, "sm_80", 108, 3, 94),  # sm_80: no cluster involved
+     ("layer_norm", (256, 4096), BF16, {}, "sm_90", 132, 3, 64),  # 8 rows a column lane: the edge
+     ("rms_norm", (100, 5120), torch.float32, {}, "sm_90", 132, 2, 160),
+     ("rms_norm", (160, 8192), BF16, {}, "sm_100", 148, 2, 128),
+     ("rms_norm", (256, 8192), BF16, {}, "sm_100", 148, None, None),  # 384 CTAs: three an SM spill there
+     ("rms_norm", (264, 8192), BF16, {}, "sm_90", 132, None, None),  # 392 CTAs fit, but 9 rows a column lane
+     ("rms_norm", (128, 8192), BF16, {"residual": True, "weight_dtype": torch.float32}, "sm_90", 132, 2, 128),
+     ("layer_norm", (256, 8192), torch.float32, {}, "sm_90", 132, None, None),  # 64 floats a thread
+     ("rms_norm", (512, 4096), BF16, {}, "sm_90", 132, None, None),  # 16 rows a column lane
+     ("rms_norm", (128, 16384), BF16, {}, "sm_90", 132, None, None),  # 64 elements a thread
+     ("layer_norm", (64, 128), BF16, {}, "sm_90", 132, None, None),  # narrow rows
+     ("rms_norm", (1, 8192), BF16, {}, "sm_90", 132, None, None),  # one row writes its gradients
+     ("rms_norm", (128, 8192), BF16, {"elementwise_affine": False}, "sm_90", 132, None, None)],
+)  # fmt: skip
+def test_one_wave_column_grids(op, shape, dtype, extra, arch, sm_count, bounds, cols):
+    """A grid whose 256-thread register-row CTAs and one-line column CTAs (at
+    most 8 rows a lane) all fit the SMs at once, at launch bounds of two CTAs
+    an SM or three (16-bit rows and weights, no dh, up to sm_90), takes
+    column CTAs for dW / dB where the other rules walk row blocks or stage
+    rows. bwd_one_wave_columns=1 (or bwd_column_grads=1) keeps the plan it
+    replaces, which has no column CTAs."""
+    kw = dict(extra, device="cpu", sm_count=sm_count, arch=arch)
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    on = cols is not None
+    assert ("one wave" in plan["reason"]) == on, plan["reason"]
+    for switch in ("bwd_one_wave_columns", "bwd_column_grads"):
+        with _tuning.override(**{switch: 1}):
+            off = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+        assert "one wave" not in off["reason"] and not off["column_grads"], off
+    if not on:
+        return
+    assert plan["column_grads"] and not plan["direct_grads"] and plan["block"] == 256, plan
+    assert plan["column_ctas"] == cols and plan["grid"] == plan["row_blocks"] + cols, plan
+    assert plan["kernel"].endswith(f", {bounds}>") and plan["grid"] <= bounds * sm_count, plan
+    assert kernel_flags(plan["kernel"]) & COLUMN_GRADS and not plan["staged"] and plan["cluster"] == 1, plan
+    assert f"at launch bounds of {bounds} CTAs an SM" in plan["reason"], plan["reason"]
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -1339,8 +1386,8 @@ def test_wide_layer_norm_rows_preload_gamma_and_beta(op, m, n, kw, preload):
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "late"),
     [("rms_norm", (1, 4096), BF16, True), ("rms_norm", (32, 4096), BF16, True), ("rms_norm", (264, 4096), BF16, True),
-     ("rms_norm", (266, 4096), BF16, False), ("layer_norm", (256, 4096), BF16, True),
-     ("rms_norm", (256, 8192), BF16, False),  # staged: gamma loads while the ring's copies fly
+     ("rms_norm", (266, 4096), BF16, False), ("layer_norm", (264, 4096), BF16, True),
+     ("rms_norm", (512, 8192), BF16, False),  # staged: gamma loads while the ring's copies fly
      ("rms_norm", (16384, 1024), BF16, False), ("layer_norm", (1, 1024), torch.float32, True)],
 )  # fmt: skip
 def test_backward_of_one_row_block_per_cta_loads_gamma_beside_the_row(op, shape, dtype, late):
@@ -1373,11 +1420,11 @@ ROW_CLUSTER_SHIFT = 26
 
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "arch", "cluster"),
-    [("layer_norm", (256, 8192), BF16, "sm_90", 2), ("layer_norm", (16384, 7168), BF16, "sm_90", 2),
-     ("rms_norm", (256, 8192), BF16, "sm_90", 2), ("rms_norm", (1056, 8192), BF16, "sm_90", 2),
+    [("layer_norm", (512, 8192), BF16, "sm_90", 2), ("layer_norm", (16384, 7168), BF16, "sm_90", 2),
+     ("rms_norm", (512, 8192), BF16, "sm_90", 2), ("rms_norm", (1056, 8192), BF16, "sm_90", 2),
      ("rms_norm", (1057, 8192), BF16, "sm_90", 1), ("rms_norm", (128, 16384), BF16, "sm_100", 2),
      ("rms_norm", (256, 7168), BF16, "sm_90", 1),  # one 448-thread CTA an SM: lost up to 9%
-     ("layer_norm", (65, 8192), BF16, "sm_90", 1), ("layer_norm", (66, 8192), BF16, "sm_90", 2),
+     ("layer_norm", (65, 7168), BF16, "sm_90", 1), ("layer_norm", (66, 7168), BF16, "sm_90", 2),
      ("layer_norm", (256, 8192), BF16, "sm_80", 1), ("layer_norm", (256, 8192), torch.float32, "sm_90", 1),
      ("rms_norm", (32, 4096), BF16, "sm_90", 1), ("layer_norm", (4096, 4096), BF16, "sm_90", 1),
      ("layer_norm", (256, 65536), BF16, "sm_90", 1)],  # rows split into column slices
@@ -1490,7 +1537,7 @@ def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "arch", "max_ctas"),
     [("rms_norm", (256, 7168), BF16, "sm_90", 128), ("rms_norm", (128, 7168), BF16, "sm_90", 66),
-     ("rms_norm", (256, 8192), BF16, "sm_80", 128), ("layer_norm", (128, 8192), BF16, "sm_80", 66),
+     ("rms_norm", (512, 8192), BF16, "sm_80", 256), ("layer_norm", (300, 8192), BF16, "sm_80", 66),
      ("layer_norm", (1024, 8192), BF16, "sm_80", 128), ("rms_norm", (4000, 8192), torch.float16, "sm_90", 2000),
      ("rms_norm", (256, 8192), BF16, "sm_90", None), ("layer_norm", (1024, 8192), BF16, "sm_90", None),
      ("layer_norm", (256, 16384), BF16, "sm_90", None), ("rms_norm", (256, 4096), BF16, "sm_90", None),

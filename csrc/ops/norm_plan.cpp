@@ -795,6 +795,10 @@ struct BwdCtaHint {
   bool staged = false;
   int cta_threads = 0;
   bool column_grid = false;  // CTAs of exactly cta_threads for a column-gradient grid
+  // A one-wave column grid (one_wave_column_plan): register rows, never
+  // staged, at launch bounds of min_blocks CTAs an SM.
+  bool one_wave = false;
+  int min_blocks = 0;
 };
 
 // H100 kernel-only sweep (benchmarks/NOTES.md, entry 20): staging 16-bit rows
@@ -983,7 +987,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
     two_fits_regs = two_need <= regs_at(threads, 2);
   }
   const bool two_fit = threads < 512 && !terms_need_one && two_fits_regs;
-  const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, two_fit ? 2 : 1));
+  const int min_blocks = min_blocks_for(threads, pick(t.bwd_min_blocks, pick(hint.min_blocks, two_fit ? 2 : 1)));
   // H100 sweep: the next-row prefetch gains 6-11% for 512-thread CTAs of at
   // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
   // are tight (1024-thread narrow CTAs, 32 cached elements, two CTAs of
@@ -1014,7 +1018,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
       rows == 1 && !grad_dh && many_row_blocks && 4 * ring_stage_bytes > smem_cap && 3 * ring_stage_bytes <= smem_cap;
   const int ring_stages = std::max(2, pick(t.bwd_ring_stages, deep_ring ? 3 : 2));
   const int64_t ring = ring_stages * ring_stage_bytes;
-  const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= smem_cap &&
+  const bool staged = plan.cached && vec * esize % 16 == 0 && ring <= smem_cap && !hint.one_wave &&
                       pick(t.bwd_stage, hint.staged || stage_rule(p, grad_dh) ? 2 : 1) == 2;
   if (staged) plan.smem = std::max<size_t>(plan.smem, static_cast<size_t>(ring));
   // A ring allows no more CTAs per SM than fit its shared memory.
@@ -1805,28 +1809,39 @@ constexpr int kColumnLineBytes = 128;
 // 3.44; RMSNorm 64x128 3.00 -> 3.25).
 constexpr int64_t kColumnMaxRowsPerLane = 4;
 
-static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain) {
+// One-wave column grids (one_wave_column_plan): a row lane may have up to
+// this many rows, two rounds of kColumnRowsInFlight.
+constexpr int64_t kOneWaveMaxRowsPerLane = 8;
+
+static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain,
+                                          bool one_wave = false) {
   const unsigned f = plan.key.flags;
   constexpr unsigned kExcluded = kStagedRow | kClusterBits | kCluster16 | kRowClusterBits | kDeferStats;
-  // A grid capped below its row blocks (bwd_min_row_blocks) has CTAs of
-  // several row blocks: it keeps its partial rows.
-  const bool eligible = !plan.split && plan.cached && (f & (kWantDw | kWantDb)) != 0 && (f & kExcluded) == 0 &&
-                        plan.key.cluster == 1 && plan.row_blocks <= sm_count &&
-                        bwd_max_units(plan, sm_count) >= plan.row_blocks;
-  const int forced = norm_tuning().bwd_column_grads;
-  if (!eligible || forced == 1) return plan;
   const int threads = plan.key.threads();
   const int vec_bytes = plan.key.vec * jit::element_size(p.dtype);
   const int64_t nvec = p.hidden / plan.key.vec;
-  const int64_t free_sms = std::max<int64_t>(1, sm_count - plan.row_blocks);
   int cv = std::max(1, kColumnLineBytes / vec_bytes);
-  while (2 * cv <= threads && ceil_div(nvec, cv) > free_sms) cv *= 2;
-  cv = std::min(cv, threads);
+  // A grid capped below its row blocks (bwd_min_row_blocks) has CTAs of
+  // several row blocks: it keeps its partial rows. A one-wave grid's row
+  // and column CTAs all fit the launch bounds' CTAs an SM at once.
+  const bool one_wave_fits =
+      one_wave && cv <= threads && plan.row_blocks + ceil_div(nvec, cv) <= int64_t(plan.key.variant) * sm_count;
+  const bool eligible =
+      !plan.split && plan.cached && (f & (kWantDw | kWantDb)) != 0 && (f & kExcluded) == 0 && plan.key.cluster == 1 &&
+      (one_wave ? one_wave_fits : plan.row_blocks <= sm_count && bwd_max_units(plan, sm_count) >= plan.row_blocks);
+  const int forced = norm_tuning().bwd_column_grads;
+  if (!eligible || forced == 1) return plan;
+  if (!one_wave) {
+    const int64_t free_sms = std::max<int64_t>(1, sm_count - plan.row_blocks);
+    while (2 * cv <= threads && ceil_div(nvec, cv) > free_sms) cv *= 2;
+    cv = std::min(cv, threads);
+  }
   const int64_t lanes = threads / cv;
   const int64_t rows_per_lane = ceil_div(p.rows, lanes);
   const bool narrow = is_narrow_row(p);
-  const bool rule = p.rows > 1 && !narrow && !plan.lone_sized_cta && rows_per_lane <= kColumnMaxRowsPerLane;
-  if (pick(forced, rule ? 2 : 1) != 2) return plan;
+  const int64_t max_rows_per_lane = one_wave ? kOneWaveMaxRowsPerLane : kColumnMaxRowsPerLane;
+  const bool rule = p.rows > 1 && !narrow && !plan.lone_sized_cta && rows_per_lane <= max_rows_per_lane;
+  if (pick(one_wave ? norm_tuning().bwd_one_wave_columns : forced, rule ? 2 : 1) != 2) return plan;
   const size_t lane_sums = size_t(2) * threads * plan.key.vec * sizeof(float);
   plan.key.flags = (f & ~kDirectGrads) | kColumnGrads;
   plan.smem = std::max(plan.smem, lane_sums);
@@ -1838,6 +1853,9 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
                    ((f & kWantDb) != 0 ? std::string(" / dB") : std::string()) + " (" +
                    std::to_string(cv * plan.key.vec) + " columns each, " + std::to_string(lanes) + " row lanes of " +
                    std::to_string(rows_per_lane) + " rows): no partial rows, no column reduce";
+    if (one_wave)
+      plan.reason += "; one wave: " + std::to_string(plan.row_blocks + plan.col_ctas) + " CTAs at launch bounds of " +
+                     std::to_string(plan.key.variant) + " CTAs an SM";
   }
   return plan;
 }
@@ -1864,6 +1882,49 @@ static NormBwdPlan plan_bwd_rules(const NormProblem& p, bool want_dw, bool want_
 // column CTAs their SMs) keeps its plan.
 constexpr int kColumnGridCtaThreads = 256;
 
+// ---- One-wave column grids ----
+// A grid of more row blocks than SMs, or of rows the rules stage through
+// shared memory, still takes column CTAs where every row CTA and every
+// column CTA is resident at once: 256-thread CTAs of register rows (a row of
+// 8192 16-bit elements is 32 a thread), launch bounds of 2 CTAs an SM, or 3
+// where ptxas fits a 16-bit row in their 80 registers, and column CTAs one
+// line (128 bytes) wide with up to kOneWaveMaxRowsPerLane rows a lane. The
+// row CTAs then run dx alone, each once, while the column CTAs read x and dy
+// again (mostly from L2) for dW / dB: no partial rows, no column reduce, and
+// no row block waits for another's SM. Every other backward plan of these
+// grids walks two row blocks a CTA (a second latency chain) or stages rows.
+// H100, kernel us, bf16, the rule before -> one wave (benchmarks/NOTES.md
+// entry 79): RMSNorm 128x8192 10.8 -> 5.9, 192x8192 12.1 -> 7.9, 256x8192
+// 12.7 -> 9.5; LayerNorm 128x8192 13.5 -> 6.0, 256x8192 15.6 -> 10.0.
+// Grids of two row blocks a CTA (512x4096: 11.0 -> 12.4) keep their plans:
+// their column CTAs would have 16 rows a lane.
+constexpr int kOneWaveMaxElems = 32;  // cached elements a thread: 16-bit rows of up to 8192
+static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
+                                        int arch, bool explain) {
+  const int vec = choose_vec(p);
+  const int elems = static_cast<int>(ceil_div(ceil_div(p.hidden, vec), kColumnGridCtaThreads)) * vec;
+  if (elems > kOneWaveMaxElems) return {};
+  // Three CTAs an SM: 16-bit rows and weights, no residual gradient, up to
+  // sm_90 (ptxas at 80 registers, 8192-wide rows: RMSNorm unspilled on sm_80
+  // and sm_90, LayerNorm 40 bytes; sm_100 spilled 72 and 156); float32 rows
+  // or weights, dh and later archs take two.
+  const bool three_fit = jit::element_size(p.dtype) == 2 && p.wdtype == p.dtype && !grad_dh && arch <= 90;
+  for (int blocks = 2; blocks <= (three_fit ? 3 : 2); ++blocks) {
+    BwdCtaHint hint;
+    hint.cache_elems = std::max(16, elems);
+    hint.cta_threads = kColumnGridCtaThreads;
+    hint.column_grid = true;
+    hint.one_wave = true;
+    hint.min_blocks = blocks;
+    const NormBwdPlan rows = plan_bwd_layout(p, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
+    if (rows.split || !rows.cached || rows.key.threads() != kColumnGridCtaThreads || rows.key.variant != blocks)
+      return {};
+    NormBwdPlan plan = with_column_grads_rule(rows, p, sm_count, explain, true);
+    if ((plan.key.flags & kColumnGrads) != 0) return plan;
+  }
+  return {};
+}
+
 // Programmatic launches of the backward's later kernels (sm_90+): their CTAs
 // are scheduled while the previous kernel drains, so the launch gap between
 // them is hidden. Results are unchanged (each waits for the previous grid
@@ -1879,6 +1940,16 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     hint.cta_threads = kColumnGridCtaThreads;
     hint.column_grid = true;
     NormBwdPlan alt = plan_bwd_rules(p, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
+    if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
+  }
+  // Overrides that ask for a row layout (a sweep's CTAs, staging, clusters,
+  // a capped grid) keep it: the one-wave rule yields to them unless forced.
+  const bool layout_forced = t.bwd_cta_threads != 0 || t.bwd_cache_elems != 0 || t.bwd_min_blocks != 0 ||
+                             t.bwd_stage != 0 || t.bwd_ring_stages != 0 || t.bwd_row_cluster != 0 ||
+                             t.bwd_cluster != 0 || t.bwd_split != 0 || t.bwd_min_row_blocks != 0;
+  const int one_wave = pick(t.bwd_one_wave_columns, layout_forced ? 1 : 2);
+  if ((plan.key.flags & (kColumnGrads | kDirectGrads)) == 0 && !plan.split && !narrow && p.rows > 1 && one_wave == 2) {
+    NormBwdPlan alt = one_wave_column_plan(p, want_dw, want_db, grad_dh, sm_count, arch, explain);
     if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
   }
   plan = with_bwd_single_stride(with_grid_exchange(std::move(plan), sm_count, arch, explain), p, sm_count, explain);

@@ -94,6 +94,11 @@ struct NormTuning {
   // or direct gradients), 2 = column CTAs beside them write dW / dB
   // (kColumnGrads) wherever eligible; the rule picks by rows per row lane.
   int bwd_column_grads = 0;
+  // Backward, one-wave column grids (norm_plan.cpp, one_wave_column_plan):
+  // 1 = never, 2 = wherever every row and column CTA fits at once, whatever
+  // the rows a column lane; the rule: at most 8 rows a lane, and none of the
+  // backward's row-layout overrides above set.
+  int bwd_one_wave_columns = 0;
   // Backward, deferred column slices (kDeferStats, sm_90+): 1 = the slices
   // of a row are a thread-block cluster, 2 = consecutive CTAs of a
   // cooperative launch whose row sums meet through global memory

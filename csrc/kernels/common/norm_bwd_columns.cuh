@@ -19,8 +19,10 @@
 // run for a given (M, N, CV, block).
 //
 // Invariants (ops/norm_plan.cpp, ops/norm_common.cpp):
-// - gridDim.x = row_blocks + ceil(N / VEC / CV), with row_blocks no more than
-//   one wave, so a row CTA's grid-stride loop visits its one row block only.
+// - gridDim.x = row_blocks + ceil(N / VEC / CV) exceeds row_blocks, so a row
+//   CTA's grid-stride loop visits its one row block only. row_blocks is at
+//   most the SMs, or the whole grid fits the SMs at once (one-wave grids):
+//   no CTA waits on another either way.
 // - Dynamic shared memory holds 2 * blockDim.x * VEC floats (dW's lane sums,
 //   then dB's) beside whatever the row CTAs' plan needs.
 // - blockDim.x is a whole number of warps (the exchange shuffles whole warps).
