@@ -1162,7 +1162,7 @@ def test_backward_on_a_capped_grid(op, n, dtype, variant, min_row_blocks, poison
 
 @pytest.mark.parametrize(
     ("m", "n", "dtype", "variant", "forced"),
-    [(256, 8192, torch.bfloat16, "weight", 0),  # the rule's clusters of two, staged rows
+    [(512, 8192, torch.bfloat16, "weight", 0),  # the rule's clusters of two, staged rows
      (1000, 8192, torch.float16, "mixed", 0), (203, 1000, torch.float32, "zero_centered", 4),
      (97, 999, torch.bfloat16, "weight", 8),  # odd N: scalar column sums, 8 uneven shares
      (300, 128, torch.bfloat16, "residual", 2),  # narrow rows: warps' bundles combined first
