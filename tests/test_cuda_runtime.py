@@ -1007,7 +1007,8 @@ def test_backward_column_ctas_write_the_weight_grads(op, m, n, dtype, variant, p
     [(256, 8192, torch.bfloat16, "weight"), (192, 8192, torch.float16, "zero_centered"),
      (128, 8192, torch.bfloat16, "residual"), (100, 8000, torch.bfloat16, "mixed"), (37, 8190, torch.bfloat16, "weight"),
      (200, 6000, torch.float16, "bias_only"), (2, 8192, torch.bfloat16, "weight"),
-     (256, 4096, torch.bfloat16, "zero_centered"), (100, 5120, torch.float32, "weight")],
+     (256, 4096, torch.bfloat16, "zero_centered"), (100, 5120, torch.float32, "weight"),
+     (330, 4096, torch.bfloat16, "weight")],  # 11 rows a column lane
 )  # fmt: skip
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_backward_one_wave_column_grids(op, m, n, dtype, variant, poison):

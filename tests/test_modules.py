@@ -1283,11 +1283,14 @@ def test_column_gradient_grids_take_256_thread_ctas(op, shape, dtype, block, row
      ("layer_norm", (100, 8000), BF16, {"weight_dtype": torch.float32}, "sm_90", 132, 2, 125),
      ("rms_norm", (37, 8190), BF16, {}, "sm_90", 132, 2, 128),  # pairs of elements, 64 a column CTA
      ("rms_norm", (200, 6000), BF16, {}, "sm_80", 108, 3, 94),  # sm_80: no cluster involved
-     ("layer_norm", (256, 4096), BF16, {}, "sm_90", 132, 3, 64),  # 8 rows a column lane: the edge
+     ("layer_norm", (256, 4096), BF16, {}, "sm_90", 132, 3, 64),  # 8 rows a column lane
+     ("rms_norm", (330, 4096), BF16, {}, "sm_90", 132, 3, 64),  # 11 rows a lane, 394 CTAs: the edge
+     ("rms_norm", (333, 4096), BF16, {}, "sm_90", 132, None, None),  # 397 CTAs: past three an SM
      ("rms_norm", (100, 5120), torch.float32, {}, "sm_90", 132, 2, 160),
      ("rms_norm", (160, 8192), BF16, {}, "sm_100", 148, 2, 128),
      ("rms_norm", (256, 8192), BF16, {}, "sm_100", 148, None, None),  # 384 CTAs: three an SM spill there
-     ("rms_norm", (264, 8192), BF16, {}, "sm_90", 132, None, None),  # 392 CTAs fit, but 9 rows a column lane
+     ("rms_norm", (268, 8192), BF16, {}, "sm_90", 132, 3, 128),  # 9 rows a lane, 396 CTAs
+     ("rms_norm", (269, 8192), BF16, {}, "sm_90", 132, None, None),  # 397 CTAs
      ("rms_norm", (128, 8192), BF16, {"residual": True, "weight_dtype": torch.float32}, "sm_90", 132, 2, 128),
      ("layer_norm", (256, 8192), torch.float32, {}, "sm_90", 132, None, None),  # 64 floats a thread
      ("rms_norm", (512, 4096), BF16, {}, "sm_90", 132, None, None),  # 16 rows a column lane
@@ -1298,7 +1301,7 @@ def test_column_gradient_grids_take_256_thread_ctas(op, shape, dtype, block, row
 )  # fmt: skip
 def test_one_wave_column_grids(op, shape, dtype, extra, arch, sm_count, bounds, cols):
     """A grid whose 256-thread register-row CTAs and one-line column CTAs (at
-    most 8 rows a lane) all fit the SMs at once, at launch bounds of two CTAs
+    most 11 rows a lane) all fit the SMs at once, at launch bounds of two CTAs
     an SM or three (16-bit rows and weights, no dh, up to sm_90), takes
     column CTAs for dW / dB where the other rules walk row blocks or stage
     rows. bwd_one_wave_columns=1 (or bwd_column_grads=1) keeps the plan it
@@ -1385,8 +1388,10 @@ def test_wide_layer_norm_rows_preload_gamma_and_beta(op, m, n, kw, preload):
 
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "late"),
-    [("rms_norm", (1, 4096), BF16, True), ("rms_norm", (32, 4096), BF16, True), ("rms_norm", (264, 4096), BF16, True),
-     ("rms_norm", (266, 4096), BF16, False), ("layer_norm", (264, 4096), BF16, True),
+    [("rms_norm", (1, 4096), BF16, True), ("rms_norm", (32, 4096), BF16, True),
+     # (16-bit rows of 4096 up to 332 rows are one-wave column grids: test_one_wave_column_grids)
+     ("rms_norm", (264, 4096), torch.float32, True), ("rms_norm", (266, 4096), torch.float32, False),
+     ("layer_norm", (264, 4096), torch.float32, True),
      ("rms_norm", (512, 8192), BF16, False),  # staged: gamma loads while the ring's copies fly
      ("rms_norm", (16384, 1024), BF16, False), ("layer_norm", (1, 1024), torch.float32, True)],
 )  # fmt: skip

@@ -1810,8 +1810,12 @@ constexpr int kColumnLineBytes = 128;
 constexpr int64_t kColumnMaxRowsPerLane = 4;
 
 // One-wave column grids (one_wave_column_plan): a row lane may have up to
-// this many rows, two rounds of kColumnRowsInFlight.
-constexpr int64_t kOneWaveMaxRowsPerLane = 8;
+// this many rows, three rounds of kColumnRowsInFlight: the most a grid of
+// 16-bit rows that fits one wave at three CTAs an SM has (330x4096 on 132
+// SMs; H100 kernel us, the rule before -> one wave, benchmarks/NOTES.md entry
+// 79: RMSNorm 9.96 -> 8.62, LayerNorm 11.23 -> 9.50; 264x8192, 9 rows a lane,
+// 13.20 -> 10.67 and 15.07 -> 11.01).
+constexpr int64_t kOneWaveMaxRowsPerLane = 11;
 
 static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p, int sm_count, bool explain,
                                           bool one_wave = false) {
@@ -1896,8 +1900,8 @@ constexpr int kColumnGridCtaThreads = 256;
 // H100, kernel us, bf16, the rule before -> one wave (benchmarks/NOTES.md
 // entry 79): RMSNorm 128x8192 10.8 -> 5.9, 192x8192 12.1 -> 7.9, 256x8192
 // 12.7 -> 9.5; LayerNorm 128x8192 13.5 -> 6.0, 256x8192 15.6 -> 10.0.
-// Grids of two row blocks a CTA (512x4096: 11.0 -> 12.4) keep their plans:
-// their column CTAs would have 16 rows a lane.
+// Grids past one wave keep their plans (a probe of RMSNorm 512x4096, CTAs of
+// two rows and 16 rows a column lane: 11.0 -> 12.4).
 constexpr int kOneWaveMaxElems = 32;  // cached elements a thread: 16-bit rows of up to 8192
 static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
                                         int arch, bool explain) {

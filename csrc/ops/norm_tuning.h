@@ -96,7 +96,7 @@ struct NormTuning {
   int bwd_column_grads = 0;
   // Backward, one-wave column grids (norm_plan.cpp, one_wave_column_plan):
   // 1 = never, 2 = wherever every row and column CTA fits at once, whatever
-  // the rows a column lane; the rule: at most 8 rows a lane, and none of the
+  // the rows a column lane; the rule: at most 11 rows a lane, and none of the
   // backward's row-layout overrides above set.
   int bwd_one_wave_columns = 0;
   // Backward, deferred column slices (kDeferStats, sm_90+): 1 = the slices
