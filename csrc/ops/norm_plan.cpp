@@ -1912,10 +1912,20 @@ static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool
   // sm_90 (ptxas at 80 registers, 8192-wide rows: RMSNorm unspilled on sm_80
   // and sm_90, LayerNorm 40 bytes; sm_100 spilled 72 and 156); float32 rows
   // or weights, dh and later archs take two.
-  const bool three_fit = jit::element_size(p.dtype) == 2 && p.wdtype == p.dtype && !grad_dh && arch <= 90;
-  for (int blocks = 2; blocks <= (three_fit ? 3 : 2); ++blocks) {
+  const int esize = jit::element_size(p.dtype);
+  const bool three_fit = esize == 2 && p.wdtype == p.dtype && !grad_dh && arch <= 90;
+  const int max_blocks = three_fit ? 3 : 2;
+  // The fewest CTAs any such plan has (cached rows: a 256-thread CTA holds at
+  // most 256 * cache_elems elements of rows; column CTAs one line wide) must
+  // fit one wave, so grids of many rows, every large backward call, leave
+  // here without planning rows twice.
+  const int cache_elems = std::max(16, elems);
+  const int64_t fewest_row_ctas = ceil_div(p.rows * p.hidden, int64_t{kColumnGridCtaThreads} * cache_elems);
+  const int64_t col_ctas = ceil_div(p.hidden / vec, std::max(1, kColumnLineBytes / (vec * esize)));
+  if (fewest_row_ctas + col_ctas > int64_t{max_blocks} * sm_count) return {};
+  for (int blocks = 2; blocks <= max_blocks; ++blocks) {
     BwdCtaHint hint;
-    hint.cache_elems = std::max(16, elems);
+    hint.cache_elems = cache_elems;
     hint.cta_threads = kColumnGridCtaThreads;
     hint.column_grid = true;
     hint.one_wave = true;
