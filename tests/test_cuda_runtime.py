@@ -1008,7 +1008,14 @@ def test_backward_column_ctas_write_the_weight_grads(op, m, n, dtype, variant, p
      (128, 8192, torch.bfloat16, "residual"), (100, 8000, torch.bfloat16, "mixed"), (37, 8190, torch.bfloat16, "weight"),
      (200, 6000, torch.float16, "bias_only"), (2, 8192, torch.bfloat16, "weight"),
      (256, 4096, torch.bfloat16, "zero_centered"), (100, 5120, torch.float32, "weight"),
-     (330, 4096, torch.bfloat16, "weight")],  # 11 rows a column lane
+     (330, 4096, torch.bfloat16, "weight"),  # 11 rows a column lane
+     # rows a 256-thread CTA does not split evenly: 3 or 2 vectors a thread
+     # (5120), 224- and 192-thread rows (7168, 3072), two 96-thread rows a CTA
+     # (1536), scalars (4097; 7001: LayerNorm's rows were split before)
+     (256, 5120, torch.bfloat16, "weight"), (300, 5120, torch.float16, "zero_centered"),
+     (128, 7168, torch.bfloat16, "residual"), (264, 7168, torch.bfloat16, "weight"), (2, 7168, torch.float16, "mixed"),
+     (200, 3072, torch.bfloat16, "bias_only"), (128, 3072, torch.float32, "weight"), (256, 1536, torch.bfloat16, "mixed"),
+     (33, 4097, torch.bfloat16, "weight"), (44, 7001, torch.float16, "zero_centered")],
 )  # fmt: skip
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_backward_one_wave_column_grids(op, m, n, dtype, variant, poison):
@@ -1028,7 +1035,7 @@ def test_backward_one_wave_column_grids(op, m, n, dtype, variant, poison):
     plan = rtcnorm.explain(op, (m, n), dtype, **kw)["backward"]
     if "one wave" not in plan["reason"]:
         pytest.skip(f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs: no one-wave plan here")
-    assert not before["column_grads"] and plan["column_grads"] and plan["block"] == 256, (before, plan)
+    assert not before["column_grads"] and plan["column_grads"] and plan["block"] <= 256, (before, plan)
     assert plan["grid"] == plan["row_blocks"] + plan["column_ctas"], plan
     got = run_poisoned_and_repeated(op, t, poison)
     assert torch.equal(got["y"], old["y"])

@@ -1203,7 +1203,8 @@ COLUMN_GRADS = 1 << 21
     [("rms_norm", (32, 4096), BF16, {}, 64),  # a row CTA per row, 64 column CTAs of 64 columns
      ("layer_norm", (32, 4096), BF16, {}, 64), ("rms_norm", (8, 4096), BF16, {"residual": True}, 64),
      ("layer_norm", (256, 1024), BF16, {}, 16),  # 4 rows a row lane: the rule's edge
-     ("rms_norm", (32, 4096), torch.float32, {}, 64), ("rms_norm", (33, 4097), BF16, {}, None),  # 7 rows a lane
+     ("rms_norm", (32, 4096), torch.float32, {}, 64),
+     ("rms_norm", (44, 7001), torch.float32, {}, None),  # 11 rows a lane; 28 float scalars a thread: no one wave
      ("rms_norm", (512, 1024), BF16, {}, None),  # 8 rows a lane: partial rows
      ("rms_norm", (1, 4096), BF16, {}, None),  # one row: its CTA writes the gradients
      ("rms_norm", (2, 1024), BF16, {}, None),  # one CTA sized to its rows writes them too
@@ -1323,6 +1324,51 @@ def test_one_wave_column_grids(op, shape, dtype, extra, arch, sm_count, bounds, 
     assert f"at launch bounds of {bounds} CTAs an SM" in plan["reason"], plan["reason"]
 
 
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype", "extra", "arch", "sm_count", "tpr_rows_vecs", "bounds", "cols"),
+    [("rms_norm", (256, 5120), BF16, {}, "sm_90", 132, (256, 1, 3), 3, 80),  # ragged: 3 or 2 vectors, not 320 threads
+     ("layer_norm", (300, 5120), torch.float16, {}, "sm_90", 132, (256, 1, 3), 3, 80),
+     ("layer_norm", (128, 5120), BF16, {"weight_dtype": torch.float32}, "sm_90", 132, (256, 1, 3), 2, 80),
+     ("rms_norm", (128, 7168), BF16, {"residual": True}, "sm_90", 132, (224, 1, 4), 2, 112),
+     ("layer_norm", (264, 7168), BF16, {}, "sm_90", 132, (224, 1, 4), 3, 112),  # 376 CTAs, 10 rows a lane
+     ("rms_norm", (2, 7168), BF16, {}, "sm_90", 132, (224, 1, 4), 2, 112),  # rows the rules stage
+     ("layer_norm", (200, 3072), BF16, {}, "sm_90", 132, (192, 1, 2), 2, 48),
+     ("rms_norm", (256, 1536), BF16, {}, "sm_90", 132, (96, 2, 2), 2, 24),  # CTAs of two 96-thread rows
+     ("rms_norm", (128, 3072), torch.float32, {}, "sm_90", 132, (192, 1, 4), 2, 96),
+     ("rms_norm", (200, 5120), BF16, {}, "sm_80", 108, (256, 1, 3), 3, 80),
+     ("rms_norm", (200, 5120), BF16, {}, "sm_100", 148, (256, 1, 3), 2, 80),
+     ("rms_norm", (33, 4097), BF16, {}, "sm_90", 132, (256, 1, 17), 2, 65),  # scalars, 64 a column CTA
+     ("rms_norm", (33, 4097), torch.float32, {}, "sm_90", 132, (256, 1, 17), 2, 129),
+     ("layer_norm", (44, 7001), torch.float32, {}, "sm_90", 132, (256, 1, 28), 2, 219),  # in place of a split
+     ("layer_norm", (16, 6001), BF16, {}, "sm_90", 132, (256, 1, 24), 2, 94),
+     ("rms_norm", (44, 7001), torch.float32, {}, "sm_90", 132, None, None, None),  # 28 float scalars a thread
+     ("rms_norm", (256, 5120), BF16, {}, "sm_100", 148, None, None, None),  # 336 CTAs: two an SM hold 296
+     ("layer_norm", (300, 7168), BF16, {}, "sm_90", 132, None, None, None),  # 412 CTAs
+     ("layer_norm", (256, 2560), BF16, {}, "sm_90", 132, None, None, None),  # 13 rows a column lane
+     ("layer_norm", (100, 6001), BF16, {}, "sm_90", 132, None, None, None)],  # 25 rows a lane: still split
+)  # fmt: skip
+def test_one_wave_rows_of_at_most_256_threads(op, shape, dtype, extra, arch, sm_count, tpr_rows_vecs, bounds, cols):
+    """One-wave column grids of rows that 256 threads do not split evenly: the
+    row takes at most 256 threads, ragged where the other rules' row is wider
+    (5120: 320 threads there), the layout's narrower row otherwise. A row the
+    other rules split takes it too; float32 scalar rows past 24 a thread take it
+    only in place of a split."""
+    kw = dict(extra, device="cpu", sm_count=sm_count, arch=arch)
+    plan = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert ("one wave" in plan["reason"]) == (cols is not None), plan["reason"]
+    with _tuning.override(bwd_one_wave_columns=1):
+        off = rtcnorm.explain(op, shape, dtype, **kw)["backward"]
+    assert "one wave" not in off["reason"], off
+    if cols is None:
+        return
+    tpr, rows, vecs = tpr_rows_vecs
+    args = plan["kernel"].split("<")[1].rstrip(">").split(", ")
+    assert tuple(int(a) for a in args[4:7]) == (tpr, rows, vecs) and args[-1] == str(bounds), plan
+    assert plan["block"] == tpr * rows <= 256 and plan["column_ctas"] == cols, plan
+    assert plan["grid"] == plan["row_blocks"] + cols <= bounds * sm_count and not plan["split"], plan
+    assert kernel_flags(plan["kernel"]) & COLUMN_GRADS and not plan["staged"], plan
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize(
     ("m", "n", "fetch"),
@@ -1429,7 +1475,8 @@ ROW_CLUSTER_SHIFT = 26
      ("rms_norm", (512, 8192), BF16, "sm_90", 2), ("rms_norm", (1056, 8192), BF16, "sm_90", 2),
      ("rms_norm", (1057, 8192), BF16, "sm_90", 1), ("rms_norm", (128, 16384), BF16, "sm_100", 2),
      ("rms_norm", (256, 7168), BF16, "sm_90", 1),  # one 448-thread CTA an SM: lost up to 9%
-     ("layer_norm", (65, 7168), BF16, "sm_90", 1), ("layer_norm", (66, 7168), BF16, "sm_90", 2),
+     ("layer_norm", (66, 7168), BF16, "sm_90", 1),  # a one-wave column grid (test_one_wave_rows_...)
+     ("layer_norm", (300, 7168), BF16, "sm_90", 2),
      ("layer_norm", (256, 8192), BF16, "sm_80", 1), ("layer_norm", (256, 8192), torch.float32, "sm_90", 1),
      ("rms_norm", (32, 4096), BF16, "sm_90", 1), ("layer_norm", (4096, 4096), BF16, "sm_90", 1),
      ("layer_norm", (256, 65536), BF16, "sm_90", 1)],  # rows split into column slices
@@ -1541,7 +1588,7 @@ def test_backward_staging_rule(op, n, dtype, residual, staged, cluster):
 
 @pytest.mark.parametrize(
     ("op", "shape", "dtype", "arch", "max_ctas"),
-    [("rms_norm", (256, 7168), BF16, "sm_90", 128), ("rms_norm", (128, 7168), BF16, "sm_90", 66),
+    [("rms_norm", (512, 7168), BF16, "sm_90", 256), ("rms_norm", (300, 7168), BF16, "sm_90", 150),
      ("rms_norm", (512, 8192), BF16, "sm_80", 256), ("layer_norm", (300, 8192), BF16, "sm_80", 66),
      ("layer_norm", (1024, 8192), BF16, "sm_80", 128), ("rms_norm", (4000, 8192), torch.float16, "sm_90", 2000),
      ("rms_norm", (256, 8192), BF16, "sm_90", None), ("layer_norm", (1024, 8192), BF16, "sm_90", None),

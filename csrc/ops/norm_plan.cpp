@@ -799,6 +799,7 @@ struct BwdCtaHint {
   // staged, at launch bounds of min_blocks CTAs an SM.
   bool one_wave = false;
   int min_blocks = 0;
+  int max_tpr = 0;  // threads a row at most (0: the layout's choice)
 };
 
 // H100 kernel-only sweep (benchmarks/NOTES.md, entry 20): staging 16-bit rows
@@ -905,7 +906,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   const int vec = choose_vec(p);
   const int64_t nvec = p.hidden / vec;
   const int nv_target = std::max(1, kBwdCacheElems / vec);
-  const int tpr = choose_tpr(nvec, nv_target);
+  const int tpr = std::min(choose_tpr(nvec, nv_target), pick(hint.max_tpr, 1024));
   const int nv_row = static_cast<int>(ceil_div(nvec, tpr));
   // At 1024 threads a thread has 64 registers: LayerNorm's two accumulator
   // sets spill there, so LayerNorm caches only up to 512 threads per row.
@@ -1889,8 +1890,8 @@ constexpr int kColumnGridCtaThreads = 256;
 // ---- One-wave column grids ----
 // A grid of more row blocks than SMs, or of rows the rules stage through
 // shared memory, still takes column CTAs where every row CTA and every
-// column CTA is resident at once: 256-thread CTAs of register rows (a row of
-// 8192 16-bit elements is 32 a thread), launch bounds of 2 CTAs an SM, or 3
+// column CTA is resident at once: CTAs of at most 256 threads of register
+// rows (a row of 8192 16-bit elements is 32 a thread), launch bounds of 2 CTAs an SM, or 3
 // where ptxas fits a 16-bit row in their 80 registers, and column CTAs one
 // line (128 bytes) wide with up to kOneWaveMaxRowsPerLane rows a lane. The
 // row CTAs then run dx alone, each once, while the column CTAs read x and dy
@@ -1902,12 +1903,26 @@ constexpr int kColumnGridCtaThreads = 256;
 // 12.7 -> 9.5; LayerNorm 128x8192 13.5 -> 6.0, 256x8192 15.6 -> 10.0.
 // Grids past one wave keep their plans (a probe of RMSNorm 512x4096, CTAs of
 // two rows and 16 rows a column lane: 11.0 -> 12.4).
+// A row takes at most 256 threads here: rows that 256 threads do not split
+// evenly run ragged (N = 5120: 3 or 2 vectors a thread, not the 320-thread
+// row of the other rules, whose 64 registers at three CTAs an SM spilled
+// LayerNorm's 188 bytes) or on the layout's narrower row (7168: 224 threads,
+// 3072: 192, 1536: two rows of 96). Rows the other rules split (LayerNorm's
+// odd N of 6001-8191) take it too. H100, kernel us, the plan before -> one
+// wave (benchmarks/NOTES.md entry 80): RMSNorm 256x5120 10.9 -> 7.6, 128x7168
+// 9.6 -> 5.8, 200x3072 7.7 -> 5.9, 33x4097 8.3 -> 3.5; LayerNorm 256x5120
+// 16.0 -> 8.2, 128x7168 12.5 -> 6.1, 256x1536 6.7 -> 5.4, split 44x6001 fp16
+// 16.1 -> 4.9. Float32 scalar rows past 24 a thread (ptxas spilled 44 bytes
+// at 28) lost where they replace a register plan (RMSNorm 44x7001 7.9 ->
+// 9.0): those take it only in place of a split.
 constexpr int kOneWaveMaxElems = 32;  // cached elements a thread: 16-bit rows of up to 8192
+constexpr int kOneWaveMaxFloatScalars = 24;
 static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
-                                        int arch, bool explain) {
+                                        int arch, bool explain, bool replaces_split) {
   const int vec = choose_vec(p);
   const int elems = static_cast<int>(ceil_div(ceil_div(p.hidden, vec), kColumnGridCtaThreads)) * vec;
   if (elems > kOneWaveMaxElems) return {};
+  if (vec == 1 && jit::element_size(p.dtype) == 4 && elems > kOneWaveMaxFloatScalars && !replaces_split) return {};
   // Three CTAs an SM: 16-bit rows and weights, no residual gradient, up to
   // sm_90 (ptxas at 80 registers, 8192-wide rows: RMSNorm unspilled on sm_80
   // and sm_90, LayerNorm 40 bytes; sm_100 spilled 72 and 156); float32 rows
@@ -1930,8 +1945,9 @@ static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool
     hint.column_grid = true;
     hint.one_wave = true;
     hint.min_blocks = blocks;
+    hint.max_tpr = kColumnGridCtaThreads;
     const NormBwdPlan rows = plan_bwd_layout(p, want_dw, want_db, grad_dh, sm_count, arch, explain, hint);
-    if (rows.split || !rows.cached || rows.key.threads() != kColumnGridCtaThreads || rows.key.variant != blocks)
+    if (rows.split || !rows.cached || rows.key.threads() > kColumnGridCtaThreads || rows.key.variant != blocks)
       return {};
     NormBwdPlan plan = with_column_grads_rule(rows, p, sm_count, explain, true);
     if ((plan.key.flags & kColumnGrads) != 0) return plan;
@@ -1962,8 +1978,8 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
                              t.bwd_stage != 0 || t.bwd_ring_stages != 0 || t.bwd_row_cluster != 0 ||
                              t.bwd_cluster != 0 || t.bwd_split != 0 || t.bwd_min_row_blocks != 0;
   const int one_wave = pick(t.bwd_one_wave_columns, layout_forced ? 1 : 2);
-  if ((plan.key.flags & (kColumnGrads | kDirectGrads)) == 0 && !plan.split && !narrow && p.rows > 1 && one_wave == 2) {
-    NormBwdPlan alt = one_wave_column_plan(p, want_dw, want_db, grad_dh, sm_count, arch, explain);
+  if ((plan.key.flags & (kColumnGrads | kDirectGrads)) == 0 && !narrow && p.rows > 1 && one_wave == 2) {
+    NormBwdPlan alt = one_wave_column_plan(p, want_dw, want_db, grad_dh, sm_count, arch, explain, plan.split);
     if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
   }
   plan = with_bwd_single_stride(with_grid_exchange(std::move(plan), sm_count, arch, explain), p, sm_count, explain);
