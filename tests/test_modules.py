@@ -1369,6 +1369,22 @@ def test_one_wave_rows_of_at_most_256_threads(op, shape, dtype, extra, arch, sm_
     assert kernel_flags(plan["kernel"]) & COLUMN_GRADS and not plan["staged"], plan
 
 
+def test_one_wave_float_scalars_past_24_a_thread():
+    """Float32 scalar rows of more than 24 elements a thread take a one-wave
+    grid only in place of a split plan (LayerNorm 44x7001) or where
+    bwd_one_wave_columns=2 forces it; RMSNorm's register plan stays."""
+    kw = dict(device="cpu", sm_count=132, arch="sm_90")
+    rms = rtcnorm.explain("rms_norm", (44, 7001), torch.float32, **kw)["backward"]
+    assert "one wave" not in rms["reason"] and not rms["split"], rms
+    with _tuning.override(bwd_one_wave_columns=2):
+        forced = rtcnorm.explain("rms_norm", (44, 7001), torch.float32, **kw)["backward"]
+    assert "one wave" in forced["reason"] and forced["block"] == 256, forced
+    ln = rtcnorm.explain("layer_norm", (44, 7001), torch.float32, **kw)["backward"]
+    with _tuning.override(bwd_one_wave_columns=1):
+        before = rtcnorm.explain("layer_norm", (44, 7001), torch.float32, **kw)["backward"]
+    assert "one wave" in ln["reason"] and before["split"], (ln, before)
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize(
     ("m", "n", "fetch"),

@@ -1891,13 +1891,14 @@ constexpr int kColumnGridCtaThreads = 256;
 // A grid of more row blocks than SMs, or of rows the rules stage through
 // shared memory, still takes column CTAs where every row CTA and every
 // column CTA is resident at once: CTAs of at most 256 threads of register
-// rows (a row of 8192 16-bit elements is 32 a thread), launch bounds of 2 CTAs an SM, or 3
-// where ptxas fits a 16-bit row in their 80 registers, and column CTAs one
-// line (128 bytes) wide with up to kOneWaveMaxRowsPerLane rows a lane. The
-// row CTAs then run dx alone, each once, while the column CTAs read x and dy
-// again (mostly from L2) for dW / dB: no partial rows, no column reduce, and
-// no row block waits for another's SM. Every other backward plan of these
-// grids walks two row blocks a CTA (a second latency chain) or stages rows.
+// rows (a row of 8192 16-bit elements is 32 a thread), launch bounds of 2
+// CTAs an SM, or 3 where ptxas fits a 16-bit row in their 80 registers, and
+// column CTAs one line (128 bytes) wide with up to kOneWaveMaxRowsPerLane
+// rows a lane. The row CTAs then run dx alone, each once, while the column
+// CTAs read x and dy again (mostly from L2) for dW / dB: no partial rows, no
+// column reduce, and no row block waits for another's SM. Every other
+// backward plan of these grids walks two row blocks a CTA (a second latency
+// chain), stages rows or splits them.
 // H100, kernel us, bf16, the rule before -> one wave (benchmarks/NOTES.md
 // entry 79): RMSNorm 128x8192 10.8 -> 5.9, 192x8192 12.1 -> 7.9, 256x8192
 // 12.7 -> 9.5; LayerNorm 128x8192 13.5 -> 6.0, 256x8192 15.6 -> 10.0.
@@ -1914,15 +1915,16 @@ constexpr int kColumnGridCtaThreads = 256;
 // 16.0 -> 8.2, 128x7168 12.5 -> 6.1, 256x1536 6.7 -> 5.4, split 44x6001 fp16
 // 16.1 -> 4.9. Float32 scalar rows past 24 a thread (ptxas spilled 44 bytes
 // at 28) lost where they replace a register plan (RMSNorm 44x7001 7.9 ->
-// 9.0): those take it only in place of a split.
+// 9.0): those take it only in place of a split (or where
+// bwd_one_wave_columns=2 forces it: wide_float_scalars).
 constexpr int kOneWaveMaxElems = 32;  // cached elements a thread: 16-bit rows of up to 8192
 constexpr int kOneWaveMaxFloatScalars = 24;
 static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count,
-                                        int arch, bool explain, bool replaces_split) {
+                                        int arch, bool explain, bool wide_float_scalars) {
   const int vec = choose_vec(p);
   const int elems = static_cast<int>(ceil_div(ceil_div(p.hidden, vec), kColumnGridCtaThreads)) * vec;
   if (elems > kOneWaveMaxElems) return {};
-  if (vec == 1 && jit::element_size(p.dtype) == 4 && elems > kOneWaveMaxFloatScalars && !replaces_split) return {};
+  if (vec == 1 && jit::element_size(p.dtype) == 4 && elems > kOneWaveMaxFloatScalars && !wide_float_scalars) return {};
   // Three CTAs an SM: 16-bit rows and weights, no residual gradient, up to
   // sm_90 (ptxas at 80 registers, 8192-wide rows: RMSNorm unspilled on sm_80
   // and sm_90, LayerNorm 40 bytes; sm_100 spilled 72 and 156); float32 rows
@@ -1979,7 +1981,8 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
                              t.bwd_cluster != 0 || t.bwd_split != 0 || t.bwd_min_row_blocks != 0;
   const int one_wave = pick(t.bwd_one_wave_columns, layout_forced ? 1 : 2);
   if ((plan.key.flags & (kColumnGrads | kDirectGrads)) == 0 && !narrow && p.rows > 1 && one_wave == 2) {
-    NormBwdPlan alt = one_wave_column_plan(p, want_dw, want_db, grad_dh, sm_count, arch, explain, plan.split);
+    const bool wide_float_scalars = plan.split || t.bwd_one_wave_columns == 2;
+    NormBwdPlan alt = one_wave_column_plan(p, want_dw, want_db, grad_dh, sm_count, arch, explain, wide_float_scalars);
     if ((alt.key.flags & kColumnGrads) != 0) plan = std::move(alt);
   }
   plan = with_bwd_single_stride(with_grid_exchange(std::move(plan), sm_count, arch, explain), p, sm_count, explain);

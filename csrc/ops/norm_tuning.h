@@ -96,8 +96,9 @@ struct NormTuning {
   int bwd_column_grads = 0;
   // Backward, one-wave column grids (norm_plan.cpp, one_wave_column_plan):
   // 1 = never, 2 = wherever every row and column CTA fits at once, whatever
-  // the rows a column lane; the rule: at most 11 rows a lane, and none of the
-  // backward's row-layout overrides above set.
+  // the rows a column lane; the rule: at most 11 rows a lane, float32 scalar
+  // rows of at most 24 a thread unless the plan replaced is split, and none
+  // of the backward's row-layout overrides above set.
   int bwd_one_wave_columns = 0;
   // Backward, deferred column slices (kDeferStats, sm_90+): 1 = the slices
   // of a row are a thread-block cluster, 2 = consecutive CTAs of a
