@@ -1362,8 +1362,8 @@ def test_one_wave_rows_of_at_most_256_threads(op, shape, dtype, extra, arch, sm_
     if cols is None:
         return
     tpr, rows, vecs = tpr_rows_vecs
-    args = plan["kernel"].split("<")[1].rstrip(">").split(", ")
-    assert tuple(int(a) for a in args[4:7]) == (tpr, rows, vecs) and args[-1] == str(bounds), plan
+    shape_args = tuple(int(a) for a in plan["kernel"].split(", ")[4:7])  # <T, W, N, VEC, TPR, ROWS, NV, ...>
+    assert shape_args == (tpr, rows, vecs) and launch_blocks(plan["kernel"]) == bounds, plan
     assert plan["block"] == tpr * rows <= 256 and plan["column_ctas"] == cols, plan
     assert plan["grid"] == plan["row_blocks"] + cols <= bounds * sm_count and not plan["split"], plan
     assert kernel_flags(plan["kernel"]) & COLUMN_GRADS and not plan["staged"], plan

@@ -1924,12 +1924,12 @@ static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool
   const int vec = choose_vec(p);
   const int elems = static_cast<int>(ceil_div(ceil_div(p.hidden, vec), kColumnGridCtaThreads)) * vec;
   if (elems > kOneWaveMaxElems) return {};
-  if (vec == 1 && jit::element_size(p.dtype) == 4 && elems > kOneWaveMaxFloatScalars && !wide_float_scalars) return {};
+  const int esize = jit::element_size(p.dtype);
+  if (vec == 1 && esize == 4 && elems > kOneWaveMaxFloatScalars && !wide_float_scalars) return {};
   // Three CTAs an SM: 16-bit rows and weights, no residual gradient, up to
   // sm_90 (ptxas at 80 registers, 8192-wide rows: RMSNorm unspilled on sm_80
   // and sm_90, LayerNorm 40 bytes; sm_100 spilled 72 and 156); float32 rows
   // or weights, dh and later archs take two.
-  const int esize = jit::element_size(p.dtype);
   const bool three_fit = esize == 2 && p.wdtype == p.dtype && !grad_dh && arch <= 90;
   const int max_blocks = three_fit ? 3 : 2;
   // The fewest CTAs any such plan has (cached rows: a 256-thread CTA holds at
