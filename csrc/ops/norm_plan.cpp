@@ -1797,6 +1797,8 @@ int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) {
 // the row CTAs leave (or the CTA is one row lane wide); its L = threads / CV
 // row lanes each sum every L-th row.
 constexpr int kColumnLineBytes = 128;
+// CV's least value: the vectors of one line (one, where a vector is wider).
+static int line_column_vecs(int vec_bytes) { return std::max(1, kColumnLineBytes / vec_bytes); }
 // The rule: column CTAs wherever a row lane has at most this many rows (one
 // round of loads in flight, kColumnRowsInFlight) and there is more than one
 // row. A single row's CTA writes dW / dB itself (column CTAs cost 0.3 us at
@@ -1825,7 +1827,7 @@ static NormBwdPlan with_column_grads_rule(NormBwdPlan plan, const NormProblem& p
   const int threads = plan.key.threads();
   const int vec_bytes = plan.key.vec * jit::element_size(p.dtype);
   const int64_t nvec = p.hidden / plan.key.vec;
-  int cv = std::max(1, kColumnLineBytes / vec_bytes);
+  int cv = line_column_vecs(vec_bytes);
   // A grid capped below its row blocks (bwd_min_row_blocks) has CTAs of
   // several row blocks: it keeps its partial rows. A one-wave grid's row
   // and column CTAs all fit the launch bounds' CTAs an SM at once.
@@ -1938,7 +1940,7 @@ static NormBwdPlan one_wave_column_plan(const NormProblem& p, bool want_dw, bool
   // here without planning rows twice.
   const int cache_elems = std::max(16, elems);
   const int64_t fewest_row_ctas = ceil_div(p.rows * p.hidden, int64_t{kColumnGridCtaThreads} * cache_elems);
-  const int64_t col_ctas = ceil_div(p.hidden / vec, std::max(1, kColumnLineBytes / (vec * esize)));
+  const int64_t col_ctas = ceil_div(p.hidden / vec, line_column_vecs(vec * esize));
   if (fewest_row_ctas + col_ctas > int64_t{max_blocks} * sm_count) return {};
   for (int blocks = 2; blocks <= max_blocks; ++blocks) {
     BwdCtaHint hint;
