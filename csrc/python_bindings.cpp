@@ -19,6 +19,7 @@
 #include "ops/grid_exchange_buffers.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan.h"
+#include "ops/norm_plan_memo.h"
 #include "ops/softmax.h"
 #include "ops/softmax_plan.h"
 #include "ops/variants.h"
@@ -359,6 +360,7 @@ PYBIND11_MODULE(_C, m) {
       if (x == std::end(kTunables)) throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
       norm_tuning().*x->field = static_cast<int>(std::min(val, x->max));
     }
+    clear_norm_plan_memo();
   });
   // Tests only: the grid-exchange tag counter of the current stream of a device.
   m.def("_grid_exchange_next_tag",
