@@ -215,3 +215,16 @@ def test_module_entry_and_console_script(cache):
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         assert tomllib.load(f)["project"]["scripts"]["rtcnorm"] == "rtcnorm.cli:main"
+
+
+@pytest.mark.gpu
+def test_bench_on_gpu(capsys):
+    rc, out, err = run(capsys, "bench", "--shapes", "1024x1024", "333x4097", "--dtype", "bf16")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("GB/s on ") and "bfloat16" in lines[0]
+    rows = [line.split() for line in lines[3:]]
+    assert [(r[0], r[1]) for r in rows] == [
+        (op, s) for op in ("rms_norm", "layer_norm") for s in ("1024x1024", "333x4097")
+    ]
+    assert all(float(v) > 0 for r in rows for v in r[2:])

@@ -145,6 +145,24 @@ def test_different_module_is_skipped_with_reason(module, reason):
         assert torch.equal(v, before[k]), "verification must not change the module"
 
 
+class GainRMS(PlainRMS):
+    """Behaviour set by a plain attribute: instances differ though the class is one."""
+
+    def __init__(self, n, gain):
+        super().__init__(n)
+        self.gain = gain
+
+    def forward(self, x):
+        return super().forward(x) * self.gain
+
+
+def test_each_distinct_instance_is_verified():
+    model = nn.Sequential(GainRMS(32, 1.0), GainRMS(32, 2.0), GainRMS(32, 1.0), GainRMS(48, 1.0))
+    summary = rtcnorm.patch(randomize(model))
+    assert [s.name for s in summary.swapped] == ["0", "2", "3"]
+    assert [s.name for s in summary.skipped] == ["1"]
+
+
 def test_extra_parameter_and_buffer_are_skipped():
     a, b = PlainRMS(16), PlainRMS(16)
     a.gate = nn.Parameter(torch.ones(16))

@@ -210,3 +210,25 @@ def test_compile_fullgraph_decoder_layer_has_no_graph_break():
     assert layer.self_attn.q_norm.weight.grad is not None
     explain = torch._dynamo.explain(layer)(hidden, position_embeddings=cos_sin, attention_mask=None)
     assert explain.graph_break_count == 0 and explain.graph_count == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "olmo2", "gpt2", "bert"])
+def test_family_on_gpu_bf16(family):
+    # Verification runs on the GPU kernels; the patched model's logits are
+    # within bf16 tolerance of the unpatched one's, eager and (two families,
+    # to bound the compile time) under torch.compile(fullgraph=True).
+    model = build(family, torch.bfloat16).cuda()
+    ref = copy.deepcopy(model)
+    summary = rtcnorm.patch(model)
+    assert summary.skipped == [] and len(summary.swapped) == len(norm_names(ref)), str(summary)
+    ids = torch.randint(0, 128, (2, 64), device="cuda")
+    with torch.no_grad():
+        y, y_ref = model(input_ids=ids).logits, ref(input_ids=ids).logits
+    assert rel_err(y, y_ref) < 5e-2
+    if family not in ("qwen3", "gemma3"):
+        return
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        assert rel_err(compiled(input_ids=ids).logits, y_ref) < 5e-2

@@ -210,26 +210,54 @@ def patch(
         raise TypeError(f"rtcnorm.patch: model must be a torch.nn.Module, got {type(model).__name__}")
     summary = PatchSummary()
     wanted = {"rms_norm": rms_norm, "layer_norm": layer_norm}
+    seen: dict[tuple, tuple[Form | None, str]] = {}
     for name, module in model.named_modules():
         if is_patched(module):
             summary.already.append(name)
             continue
-        found = _candidate(module, mode)
+        key = _likeness(module)
+        found = seen[key] if key in seen else _candidate(module, mode)
         if found is None:
             continue
+        if key not in seen:
+            form, reason = found
+            if form is not None and not wanted[form.kind]:
+                form, reason = None, f"{form.kind}=False"
+            if form is not None and verify:
+                reason = _verify_here(module, form)
+                form = None if reason else form
+            seen[key] = found = (form, reason)
         cls_name = type(module).__name__
         form, reason = found
-        if form is not None and not wanted[form.kind]:
-            form, reason = None, f"{form.kind}=False"
-        if form is not None and verify:
-            reason = _verify_here(module, form)
-            form = None if reason else form
         if form is None:
             summary.skipped.append(Skipped(name, cls_name, reason))
             continue
         module.__class__ = _patched_class(type(module), form)
         summary.swapped.append(Swapped(name, cls_name, form.label))
     return summary
+
+
+def _likeness(module: nn.Module) -> tuple:
+    """Modules with equal keys compute the same function of their input and
+    parameters: same class, parameter shapes, dtypes and devices, and the same
+    plain attributes (eps, training, ...). Each is identified and verified once."""
+    params = tuple((k, tuple(p.shape), p.dtype, p.device) for k, p in module.named_parameters(recurse=False))
+    attrs = tuple(
+        sorted(
+            (k, v)
+            for k, v in vars(module).items()
+            if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None))) and _hashable(v)
+        )
+    )
+    return (type(module), params, attrs)
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _verify_here(module: nn.Module, form: Form) -> str | None:

@@ -17,8 +17,6 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from . import functional as F
-
 # Relative to each row's largest reference value. Two roundings to the
 # storage dtype are allowed: HF's Llama family rounds the normalized row
 # before multiplying by the weight, rtcnorm rounds once at the end.
@@ -50,11 +48,17 @@ class Form:
 
 
 def run_form(form: Form, x, weight, bias, shape, eps):
-    """rtcnorm's op for ``form``: the patched forward and the verifier share it."""
+    """rtcnorm's op for ``form``: the patched forward and the verifier share it.
+
+    Calls the registered ops directly: ``form.mode`` was checked when the
+    form was made, and a patched forward should cost as little host time as
+    the op itself.
+    """
+    shape = list(shape)
     if form.kind == "rms_norm":
-        y = F.rms_norm(x, shape, weight, eps, mode=form.mode, zero_centered_gamma=form.zero_centered)
+        y = torch.ops.rtcnorm.rms_norm(x, shape, weight, eps, form.mode, form.zero_centered)[0]
     else:
-        y = F.layer_norm(x, shape, weight, bias, eps, mode=form.mode, zero_centered_gamma=form.zero_centered)
+        y = torch.ops.rtcnorm.layer_norm(x, shape, weight, bias, eps, form.mode, form.zero_centered)[0]
     if form.promote and weight is not None:
         y = y.to(torch.promote_types(x.dtype, weight.dtype))
     return y
