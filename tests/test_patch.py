@@ -127,7 +127,7 @@ def test_kinds_found_by_behaviour():
 @pytest.mark.parametrize(
     "module, reason",
     [
-        (EpsOutsideRMS(64), "output differs"),
+        (EpsOutsideRMS(64), "output as rms_norm differs in torch.float32"),
         (ClampedRMS(64), "matches no RMSNorm / LayerNorm form"),
         (ResidualRMS(64), "forward takes other arguments"),
     ],
@@ -161,6 +161,20 @@ def test_each_distinct_instance_is_verified():
     summary = rtcnorm.patch(randomize(model))
     assert [s.name for s in summary.swapped] == ["0", "2", "3"]
     assert [s.name for s in summary.skipped] == ["1"]
+
+
+class NoUpcastRMS(PlainRMS):
+    """Statistics in the input's dtype: overflows in float16."""
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def test_casting_order_is_judged_in_the_module_dtype():
+    # The float32 check passes; the float16 one sees the original overflow.
+    assert len(rtcnorm.patch(NoUpcastRMS(64)).swapped) == 1
+    summary = rtcnorm.patch(NoUpcastRMS(64).half())
+    assert [s.reason for s in summary.skipped] == ["gradient of input of the original is not finite in torch.float16"]
 
 
 def test_extra_parameter_and_buffer_are_skipped():
@@ -257,7 +271,7 @@ def test_summary_text():
     text = str(summary)
     assert text.splitlines()[0] == "rtcnorm.patch: 2 swapped, 1 skipped, 0 already patched"
     assert "swapped  LayerNorm as layer_norm: 2 (0, 1)" in text
-    assert "skipped  EpsOutsideRMS: 1 (2)" in text and "output differs" in text
+    assert "skipped  EpsOutsideRMS: 1 (2)" in text and "differs in torch.float32" in text
 
 
 def test_compile_fullgraph_patched_block():

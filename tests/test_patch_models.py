@@ -62,7 +62,7 @@ FAMILIES = {
     "gpt2": (
         "GPT2Config",
         "GPT2LMHeadModel",
-        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=128),
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=128, bos_token_id=0, eos_token_id=1),
         "layer_norm",
     ),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", _DECODER, "layer_norm"),

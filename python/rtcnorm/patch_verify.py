@@ -11,6 +11,7 @@ placement (``x / (rms + eps)``) or a missing ``1 +`` on the scale shows.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -90,14 +91,24 @@ def _inputs(shape, params: dict, dtype, device, eps, gen):
     return x.to(device, dtype).requires_grad_(True), new, dy
 
 
-def _row_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest error relative to the row's largest reference value; inf if a is not finite."""
+def _mismatch(what: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Why rtcnorm's ``a`` is not the original's ``b``, or None when within tolerance."""
     if a.shape != b.shape:
-        return math.inf
+        return f"{what} has shape {tuple(b.shape)}, rtcnorm gives {tuple(a.shape)}"
+    if not bool(torch.isfinite(b).all()):
+        return f"{what} of the original is not finite in {dtype}"
+    if not bool(torch.isfinite(a).all()):
+        return f"{what} of rtcnorm is not finite in {dtype}"
+    err, tol = _row_error(a, b), TOLERANCE[dtype]
+    if err > tol:
+        return f"{what} differs in {dtype} (relative error {err:.2g} > {tol:g})"
+    return None
+
+
+def _row_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest error relative to the row's largest reference value."""
     a = a.detach().double().reshape(-1, a.shape[-1] if a.dim() else 1)
     b = b.detach().double().reshape(a.shape)
-    if not bool(torch.isfinite(a).all()) or not bool(torch.isfinite(b).all()):
-        return math.inf
     denom = b.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
     return float(((a - b).abs() / denom).max()) if a.numel() else 0.0
 
@@ -120,16 +131,16 @@ def compare(module: nn.Module, form: Form, dtype: torch.dtype, *, grads: bool, s
         return f"the original forward failed on a {tuple(x.shape)} {dtype} input: {type(e).__name__}: {e}"
     if not isinstance(ref, torch.Tensor):
         return f"the original forward returns {type(ref).__name__}, not a tensor"
-    with torch.enable_grad():
-        out = run_form(form, x, params.get("weight"), params.get("bias"), shape, eps)
+    try:
+        with torch.enable_grad():
+            out = run_form(form, x, params.get("weight"), params.get("bias"), shape, eps)
+    except Exception as e:  # e.g. no NVRTC on a GPU machine: report, do not swap
+        return f"rtcnorm's {form.kind} failed on a {tuple(x.shape)} {dtype} input: {type(e).__name__}: {e}"
     if out.dtype != ref.dtype:
         return f"output dtype {ref.dtype} for {dtype} input, rtcnorm gives {out.dtype}"
-    tol = TOLERANCE[dtype]
-    err = _row_error(out, ref)
-    if err > tol:
-        return f"output differs as {form.label} in {dtype} (relative error {err:.2g} > {tol:g})"
-    if not grads:
-        return None
+    why = _mismatch(f"output as {form.label}", out, ref, dtype)
+    if why or not grads:
+        return why
     names = ["input", *params]
     wrt = [x, *params.values()]
     g_ref = torch.autograd.grad(ref, wrt, dy, allow_unused=True)
@@ -137,8 +148,8 @@ def compare(module: nn.Module, form: Form, dtype: torch.dtype, *, grads: bool, s
     for name, a, b in zip(names, g_out, g_ref):
         if (a is None) != (b is None):
             return f"gradient of {name} is {'missing' if a is None else 'unexpected'} in {dtype}"
-        if a is not None and (err := _row_error(a, b)) > tol:
-            return f"gradient of {name} differs in {dtype} (relative error {err:.2g} > {tol:g})"
+        if a is not None and (why := _mismatch(f"gradient of {name}", a, b, dtype)):
+            return why
     return None
 
 
@@ -153,8 +164,14 @@ def identify(module: nn.Module, eps_attr: str, has_bias: bool, mode) -> tuple[Fo
             if why is None:
                 return _with_promotion(module, form)
             reasons.append(why)
-    best = min(reasons, key=lambda r: (not r.startswith("output differs"), r))
+    best = min(reasons, key=_closeness)
     return None, f"matches no RMSNorm / LayerNorm form: {best}"
+
+
+def _closeness(reason: str) -> float:
+    """The relative error a reason states (inf if none): the closest form explains best."""
+    m = re.search(r"relative error ([0-9.e+-]+)", reason)
+    return float(m.group(1)) if m else math.inf
 
 
 def _with_promotion(module: nn.Module, form: Form) -> tuple[Form | None, str]:
