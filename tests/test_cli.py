@@ -140,6 +140,16 @@ def test_precompile_from_model_config(capsys, cache, tmp_path, monkeypatch, with
     assert out.startswith("4 kernels (4 compiled, 0 already cached)")
 
 
+def test_precompile_without_tqdm(capsys, cache, monkeypatch):
+    fake = FakePrecompile(False)
+    monkeypatch.setattr(rtcnorm.jit, "precompile", fake)
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now fails
+    rc, out, err = run(capsys, "precompile", "--hidden-sizes", "64", "128", "--ops", "layer_norm", "--archs", "sm_80")
+    assert (rc, err) == (0, "")
+    assert out.startswith("6 kernels (6 compiled, 0 already cached)")
+    assert [c["hidden_sizes"] for c in fake.calls] == [[64], [128]]
+
+
 @pytest.mark.parametrize(
     "cfg, expected",
     [

@@ -91,7 +91,7 @@ def _human(n: int) -> str:
 def cmd_info(args) -> int:
     import rtcnorm
 
-    from . import cli_cache
+    from . import _C, cli_cache
 
     print(f"rtcnorm {rtcnorm.__version__} ({os.path.dirname(rtcnorm.__file__)})")
     print(f"torch   {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
@@ -104,7 +104,8 @@ def cmd_info(args) -> int:
     root = rtcnorm.jit.cache_dir()
     rows = cli_cache.usage(root)
     files, size = sum(r.entries for r in rows), sum(r.bytes for r in rows)
-    print(f"cache   {root}: {files} kernels, {_human(size)}")
+    state = "" if _C.disk_cache_enabled() else " (disabled: RTCNORM_DISABLE_DISK_CACHE=1)"
+    print(f"cache   {root}: {files} kernels, {_human(size)}{state}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
@@ -170,8 +171,33 @@ def _supports_progress() -> bool:
     return "progress" in inspect.signature(jit.precompile).parameters
 
 
+class _NoBar:
+    """Stands in for a tqdm bar where tqdm is not installed: no output."""
+
+    def __init__(self, iterable=None, **_):
+        self.iterable, self.n, self.total = iterable, 0, 0
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def refresh(self):
+        pass
+
+    def set_postfix_str(self, s):
+        pass
+
+
 def cmd_precompile(args) -> int:
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = _NoBar
 
     from . import jit
     from .modes import MODES
