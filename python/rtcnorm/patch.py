@@ -37,6 +37,8 @@ _CLASSES: dict[tuple[type, Form], type] = {}
 
 @dataclass(frozen=True)
 class Swapped:
+    """A swapped module: its qualified name, original class name and what it runs as."""
+
     name: str
     cls: str
     kind: str
@@ -44,6 +46,8 @@ class Swapped:
 
 @dataclass(frozen=True)
 class Skipped:
+    """A candidate left alone: its qualified name, class name and why."""
+
     name: str
     cls: str
     reason: str
@@ -130,6 +134,7 @@ def _patched_class(base: type, form: Form) -> type:
 
 
 def is_patched(module: nn.Module) -> bool:
+    """Whether ``module`` itself runs rtcnorm's forward (see :func:`patch`)."""
     return "_rtcnorm_base" in type(module).__dict__
 
 
