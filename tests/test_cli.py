@@ -176,6 +176,10 @@ def test_sizes_from_config(cfg, expected):
         (["precompile", "--hidden-sizes", "64", "--modes", "fast"], "expected auto or one of static_persistent"),
         (["precompile", "--model", "/nonexistent/config.json"], "--model: cannot read /nonexistent/config.json"),
         (["precompile", "--ops", "nosuch", "--hidden-sizes", "8", "--archs", "sm_90", "-q"], "unknown op 'nosuch'"),
+        (
+            ["precompile", "--hidden-sizes", "64", "--threads", "-1"],
+            "argument --threads: expected a whole number, got '-1'",
+        ),
         (["bench", "--shapes", "4096by4096"], "expected ROWSxHIDDEN such as 4096x4096, got '4096by4096'"),
         (["cache"], "the following arguments are required: ACTION"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -47,6 +47,12 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _count(s: str) -> int:
+    if not s.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}")
+    return int(s)
+
+
 def _dtype(s: str) -> torch.dtype:
     if s.lower() not in DTYPES:
         raise argparse.ArgumentTypeError(f"expected one of bfloat16, float16, float32, got {s!r}")
@@ -295,7 +301,11 @@ def cmd_tune(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rtcnorm", description="rtcnorm: NVRTC-compiled norm and softmax kernels for PyTorch.")
+    p = _Parser(
+        prog="rtcnorm",
+        description="rtcnorm: NVRTC-compiled norm and softmax kernels for PyTorch.",
+        epilog="Run 'rtcnorm COMMAND --help' for a command's options.",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     s = sub.add_parser("info", help="versions, NVRTC, the kernel cache and the GPUs")
@@ -310,10 +320,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ops", nargs="+", metavar="OP", help="ops (default: rms_norm layer_norm, or the model's)")
     s.add_argument("--hidden-sizes", nargs="+", type=_positive_int, metavar="N", help="row lengths")
     s.add_argument("--model", metavar="PATH", help="a config.json, or a folder holding one")
-    s.add_argument("--dtypes", nargs="+", type=_dtype, metavar="DTYPE", help="default: all three, or the model's")
-    s.add_argument("--archs", nargs="+", type=_arch, default=["sm_80", "sm_90", "sm_100"], metavar="ARCH")
+    s.add_argument(
+        "--dtypes",
+        nargs="+",
+        type=_dtype,
+        metavar="DTYPE",
+        help="bf16, fp16, fp32 (default: all three, or the model's)",
+    )
+    s.add_argument(
+        "--archs",
+        nargs="+",
+        type=_arch,
+        default=["sm_80", "sm_90", "sm_100"],
+        metavar="ARCH",
+        help="default: %(default)s",
+    )
     s.add_argument("--modes", nargs="+", type=_mode, metavar="MODE", help="auto and/or forward modes (default: all)")
-    s.add_argument("--threads", type=int, default=0, help="compile threads (default 0: every core)")
+    s.add_argument("--threads", type=_count, default=0, help="compile threads (default 0: every core)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.add_argument("-v", "--verbose", action="store_true", help="list every kernel")
     s.set_defaults(func=cmd_precompile)
