@@ -243,8 +243,13 @@ def cmd_precompile(args) -> int:
             for op, n in bar:
                 bar.set_postfix_str(f"{op} {n}")
                 lines += jit.precompile(op, hidden_sizes=[n], **kw)
-    kernels = {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1] for line in lines}
-    compiled = sum(v == "compiled" for v in kernels.values())
+    # A kernel shared by two ops (or sizes) is listed by each call: count it
+    # once, as compiled if any call compiled it.
+    kernels: dict[str, bool] = {}
+    for line in lines:
+        name, status = line.rsplit(" ", 1)
+        kernels[name] = kernels.get(name, False) or status == "compiled"
+    compiled = sum(kernels.values())
     secs = time.perf_counter() - t0
     print(
         f"{len(kernels)} kernels ({compiled} compiled, {len(kernels) - compiled} already cached) "
