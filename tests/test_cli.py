@@ -22,6 +22,9 @@ def cache(tmp_path, monkeypatch):
     """A private, empty disk cache for one test."""
     monkeypatch.setenv("RTCNORM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("RTCNORM_DISABLE_DISK_CACHE", raising=False)
+    # Kernels compiled earlier in this process are found in memory and not
+    # written to a new cache folder; clearing forgets them.
+    rtcnorm.jit.clear_cache()
     return tmp_path / "cache" / rtcnorm.__version__
 
 
