@@ -294,5 +294,7 @@ def test_precompile_rejects_bad_arguments():
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[8.5])
     with pytest.raises(TypeError, match=r"hidden_sizes must be an iterable of integers, got 4096$"):
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=4096)
+    with pytest.raises(TypeError, match=r"threads must be an integer \(0: one per CPU core\), got 2\.0$"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], threads=2.0)
     with pytest.raises(TypeError, match="dtype must be"):
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], dtypes=[torch.float64])

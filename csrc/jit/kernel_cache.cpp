@@ -11,7 +11,6 @@
 #include <future>
 #include <mutex>
 #include <shared_mutex>
-#include <thread>
 #include <unordered_map>
 
 #include "jit/disk_cache.h"

@@ -154,6 +154,12 @@ def precompile(
     if isinstance(hidden_sizes, (str, bytes)) or not isinstance(hidden_sizes, Iterable):
         raise TypeError(f"rtcnorm.jit.precompile: hidden_sizes must be an iterable of integers, got {hidden_sizes!r}")
     sizes = [_hidden_size(n) for n in hidden_sizes]
+    try:
+        workers = operator.index(threads)
+    except TypeError:
+        raise TypeError(
+            f"rtcnorm.jit.precompile: threads must be an integer (0: one per CPU core), got {threads!r}"
+        ) from None
     return list(
         _C.precompile(
             op,
@@ -161,7 +167,7 @@ def precompile(
             sizes,
             list(modes),
             [_arch_number(a) for a in archs],
-            operator.index(threads),
+            workers,
             progress,
         )
     )
