@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import os
 import shutil
 import tempfile
@@ -189,12 +190,19 @@ AT_FDCWD, RENAME_EXCHANGE = -100, 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+_atomic_exchange = [hasattr(_libc, "renameat2")]
+
+
 def exchange(a: Path, b: Path) -> None:
-    """Swaps two names atomically (renameat2), or by three renames without it."""
-    if hasattr(_libc, "renameat2"):
-        if _libc.renameat2(AT_FDCWD, bytes(a), AT_FDCWD, bytes(b), RENAME_EXCHANGE) != 0:
-            raise OSError(ctypes.get_errno(), "renameat2", str(a))
-        return
+    """Swaps two names atomically (renameat2), or by three renames where the
+    C library or the file system lacks it."""
+    if _atomic_exchange[0]:
+        if _libc.renameat2(AT_FDCWD, bytes(a), AT_FDCWD, bytes(b), RENAME_EXCHANGE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, "renameat2", str(a))
+        _atomic_exchange[0] = False
     tmp = a.with_name(a.name + ".swap")
     os.rename(a, tmp)
     os.rename(b, a)
