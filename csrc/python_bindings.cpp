@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "arg_check_bindings.h"
 #include "jit/disk_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
@@ -341,6 +342,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("precompile", &precompile, py::arg("op"), py::arg("dtypes"), py::arg("hidden_sizes"), py::arg("modes"),
         py::arg("archs"), py::arg("threads") = 0);
   m.def("explain_norm", &explain_norm);
+  bind_arg_checks(m);
   m.def("rows_single_stride", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t lead) {
     return rows_single_stride(sizes, strides, lead);
   });
