@@ -180,6 +180,12 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
                       bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
                       bool single_stride) {
+  // rtcnorm.explain checks its arguments as the ops do (csrc/ops/norm_checks.h);
+  // this guards direct calls.
+  if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
+    throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
+                          std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
+                          std::to_string(sm_count));
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
   p.dtype = parse_dtype(dtype);
