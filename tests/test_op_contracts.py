@@ -337,3 +337,26 @@ def test_modes_documents_itself_and_stays_a_tuple():
     assert "the forward modes of the norm ops" in text and "``multi_wave_cached``: one CTA" in text
     assert isinstance(rtcnorm.MODES, tuple) and "static_persistent" in rtcnorm.MODES
     assert list(rtcnorm.MODES) == ["static_persistent", "multi_wave_reload", "multi_wave_cached"]
+
+
+@pytest.mark.gpu
+def test_cuda_fake_and_real_agree_and_explain_names_the_gpu():
+    x = _x(4, 8).cuda()
+    mask = torch.zeros(4, 8, dtype=torch.bool)
+    calls = {
+        "float64": (OPS.rms_norm, (x.double(), [8]), TypeError, "CUDA input must be float32"),
+        "weight_on_cpu": (
+            OPS.layer_norm,
+            (x, [8], torch.ones(8)),
+            RuntimeError,
+            "weight is on cpu but input is on cuda",
+        ),
+        "mask_on_cpu": (OPS.scaled_masked_softmax, (x, mask), RuntimeError, "mask is on cpu but input is on cuda"),
+        "softmax_float64": (OPS.scaled_softmax, (x.double(),), TypeError, "float32 on CUDA, got Double"),
+    }
+    for name, (op, args, exc, text) in calls.items():
+        real = outcome(lambda op=op, args=args: op(*args))
+        assert real[:2] == ("raise", exc) and text in real[2], (name, real)
+        assert outcome(lambda op=op, args=args: fake_call(op, args)) == real, name
+    plan = rtcnorm.explain("rms_norm", (4096, 4096))
+    assert plan["device"] == f"cuda:{torch.cuda.current_device()}" and plan["assumed"] is None
