@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "arg_check_bindings.h"
 #include "jit/disk_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
@@ -163,6 +164,12 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
                       bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
                       bool single_stride) {
+  // rtcnorm.explain checks its arguments as the ops do (csrc/ops/norm_checks.h);
+  // this guards direct calls.
+  if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
+    throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
+                          std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
+                          std::to_string(sm_count));
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
   p.dtype = parse_dtype(dtype);
@@ -321,6 +328,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("precompile", &precompile, py::arg("op"), py::arg("dtypes"), py::arg("hidden_sizes"), py::arg("modes"),
         py::arg("archs"), py::arg("threads") = 0, py::arg("progress") = py::none());
   m.def("explain_norm", &explain_norm);
+  bind_arg_checks(m);
   m.def("rows_single_stride", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t lead) {
     return rows_single_stride(sizes, strides, lead);
   });
