@@ -179,3 +179,13 @@ def test_catalogue_declares_the_knobs():
         "rows": ["heads_inner", "l1_alloc", "stream_store"],
         "streamed": ["ctas_per_sm", "l1_alloc", "stream_store"],
     }
+
+
+@pytest.mark.parametrize("op", ["scaled_softmax", MASKED, CAUSAL, ALIGNED])
+@pytest.mark.parametrize("sk", [1, 7, 1000, 4097, 32768, 100000])
+def test_memoized_plans_match_the_trace(op, sk):
+    """precompile plans through the memo (the launch path), explain through a fresh trace: same kernels."""
+    kernels = {line.rsplit(" ", 2)[0] for line in rtcnorm.jit.precompile(op, hidden_sizes=[sk], archs=("sm_90",))}
+    shape = (1 << 14, 4, sk) if op in (CAUSAL, ALIGNED) else (1 << 16, sk)  # 65536 rows, as precompile plans
+    e = explain(op, shape, BF16, shape if op == MASKED else None, sm_count=1)  # no grid fits one wave
+    assert e["forward"]["kernel"] in kernels and e["backward"]["kernel"] in kernels, (e, kernels)
