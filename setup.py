@@ -68,6 +68,7 @@ UNITY_GROUPS = {
     ],
     "unity_shared_ops": [
         "python_bindings.cpp",
+        "bindings/softmax.cpp",
         "ops/softmax.cpp",
         "ops/softmax_cpu.cpp",
         "ops/norm_cpu.cpp",

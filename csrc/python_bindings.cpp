@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "arg_check_bindings.h"
+#include "bindings/softmax.h"
 #include "jit/disk_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
@@ -23,7 +24,6 @@
 #include "ops/norm_plan.h"
 #include "ops/norm_plan_memo.h"
 #include "ops/softmax.h"
-#include "ops/softmax_plan.h"
 #include "ops/variants.h"
 
 namespace py = pybind11;
@@ -272,43 +272,6 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   return d;
 }
 
-py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, const std::string& dtype, int arch,
-                         int64_t mask_bcast, int sm_count, int64_t sq, bool resources) {
-  if (sm_count < 1) throw py::value_error("rtcnorm.softmax.explain: sm_count must be at least 1");
-  SoftmaxProblem p;
-  p.sm_count = sm_count;
-  p.mask_bcast = mask_bcast > 1;
-  p.bcast = std::max<int64_t>(1, mask_bcast);
-  p.dtype = parse_dtype(dtype);
-  p.rows = rows;
-  p.cols = cols;
-  p.sq = sq;
-  p.max_vec = 16;
-  bool known = false;
-  for (SoftmaxOp o : {SoftmaxOp::kScaled, SoftmaxOp::kMasked, SoftmaxOp::kUpperTriang, SoftmaxOp::kAlignedCausal}) {
-    if (op != softmax_op_name(o)) continue;
-    p.kind = softmax_kind(o);
-    known = true;
-  }
-  if (!known) throw py::value_error("rtcnorm.softmax.explain: unknown op '" + op + "'");
-  py::dict d;
-  for (bool backward : {false, true}) {
-    p.backward = backward;
-    const SoftmaxPlan plan = plan_softmax(p, arch);
-    py::dict e;
-    put_launch(e, plan.key, plan.row_blocks);
-    e["reason"] = describe_plan(p, plan);
-    e["cached_row"] = plan.cached;
-    e["persistent"] = plan.persistent;
-    e["grid"] = plan.persistent ? py::cast(describe_grid(plan)) : py::cast(fixed_grid(plan));
-    if (resources) e["ptxas"] = ptxas_dict(plan.key);
-    d[backward ? "backward" : "forward"] = e;
-  }
-  d["op"] = op;
-  d["arch"] = "sm_" + std::to_string(arch);
-  return d;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -354,31 +317,5 @@ PYBIND11_MODULE(_C, m) {
         [](int device) { return next_grid_exchange_tag(device, jit::current_stream(device)); });
   m.def("_advance_grid_exchange_tags",
         [](int device, uint32_t next) { advance_grid_exchange_tags(device, jit::current_stream(device), next); });
-  m.def("explain_softmax", &explain_softmax, py::arg("op"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
-        py::arg("arch"), py::arg("mask_bcast") = false, py::arg("sm_count") = 132, py::arg("sq") = 0,
-        py::arg("resources") = false);
-  m.def("_softmax_tuning", [] {
-    py::dict d;
-    for (int i = 0; i < kNumSoftmaxTunables; ++i)
-      d[kSoftmaxTunables[i].name] = softmax_tuning().*kSoftmaxTunables[i].field;
-    return d;
-  });
-  // Checks every entry before setting any, so a bad value changes nothing.
-  m.def("_set_softmax_tuning", [](const py::dict& d) {
-    std::vector<std::pair<const SoftmaxTunable*, int>> sets;
-    for (auto [k, v] : d) {
-      const std::string key = py::cast<std::string>(k);
-      const SoftmaxTunable* end = kSoftmaxTunables + kNumSoftmaxTunables;
-      const SoftmaxTunable* x =
-          std::find_if(kSoftmaxTunables, end, [&](const SoftmaxTunable& t) { return key == t.name; });
-      if (x == end) throw py::key_error("rtcnorm._tuning: unknown softmax tunable '" + key + "'");
-      if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
-        throw py::type_error("rtcnorm._tuning: softmax " + key + " must be an int");
-      const int64_t val = py::cast<int64_t>(v);
-      const std::string err = check_softmax_tunable(*x, val);
-      if (!err.empty()) throw py::value_error(err);
-      sets.emplace_back(x, static_cast<int>(val));
-    }
-    for (const auto& [x, val] : sets) softmax_tuning().*x->field = val;
-  });
+  bind_softmax(m, &ptxas_dict);
 }

@@ -113,11 +113,11 @@ def test_gpu_mask_reuse(shape, mask_shape, reuse_run):
     x = random_input(shape, torch.bfloat16, "cuda", seed=21)
     m = random_mask(mask_shape, "cuda", seed=21, p=0.4)
     m[..., 1, :] = True  # fully masked rows, too
-    with _tuning.softmax_override(reuse_run=reuse_run):
+    with _tuning.softmax_override(design="mask_reuse", reuse_run=reuse_run):
         plan = rtcnorm.softmax.explain("scaled_masked_softmax", shape, torch.bfloat16, mask_shape=mask_shape)
-        assert "mask row once" in plan["forward"]["reason"]
+        assert plan["forward"]["design"] == "mask_reuse", plan["forward"]
         y = check_op("scaled_masked_softmax", x, m)
-    with _tuning.softmax_override(mask_reuse=1, mask_order=2):
+    with _tuning.softmax_override(design="rows", heads_inner=1):  # the same row shape, each row reads its mask
         assert torch.equal(torch.ops.rtcnorm.scaled_masked_softmax(x, m, 0.37), y)
 
 
@@ -132,13 +132,13 @@ def test_gpu_l1_path_changes_no_bits(op, sk):
     dy = random_input(shape, torch.bfloat16, "cuda", seed=sk + 4)
     causal = op in CAUSAL_OPS
     out = {}
-    for l1 in (1, 2):
-        with _tuning.softmax_override(fwd_l1_alloc=l1, bwd_l1_alloc=l1):
+    for l1 in (0, 1):
+        with _tuning.softmax_override(l1_alloc=l1):
             plan = rtcnorm.softmax.explain(op, shape, torch.bfloat16)
-            assert ("through L1" in plan["forward"]["reason"] + plan["backward"]["reason"]) == (l1 == 2)
+            assert plan["forward"]["knobs"]["l1_alloc"] == plan["backward"]["knobs"]["l1_alloc"] == bool(l1)
             y = check_op(op, x, mask)
             out[l1] = (y, torch.ops.rtcnorm.scaled_softmax_backward(dy, y, 0.37, causal))
-    assert torch.equal(out[1][0], out[2][0]) and torch.equal(out[1][1], out[2][1])
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -165,14 +165,14 @@ def test_gpu_few_rows_split_over_clusters(op, shape, cluster, dtype):
     if op == "scaled_masked_softmax":
         mask = random_mask((shape[0], 1, 1, shape[-1]), "cuda", seed=cluster)
         mask[1] = True  # the second batch's rows are fully masked
-    with _tuning.softmax_override(fwd_cluster=cluster, bwd_cluster=cluster):
+    with _tuning.softmax_override(design="cluster_rows", cluster=cluster):
         plan = rtcnorm.softmax.explain(op, shape, dtype, mask_shape=None if mask is None else mask.shape)
         assert plan["forward"]["cluster"] == cluster, plan
         for e in (plan["forward"], plan["backward"]):  # a slice too long to cache streams whole rows
             assert e["cluster"] == cluster or not e["cached_row"], e
             assert e["cluster"] == 1 or e["grid"] == cluster * x.numel() // shape[-1], e
         y = check_op(op, x, mask)
-    with _tuning.softmax_override(fwd_cluster=1, bwd_cluster=1):
+    with _tuning.softmax_override(design="few_rows"):
         y1 = call(op, x, mask, 0.37)
     assert_forward_close(y, y1.float(), what="cluster against whole-CTA rows")
     if mask is not None:

@@ -1,5 +1,5 @@
 // Integer helpers shared by the launch planners (norm_plan.cpp,
-// softmax_plan.cpp). Host only; no state.
+// ops/softmax/plan/). Host only; no state.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Inputs (the norm forward's x; the softmax's x, or y and dy) of at least this
 // many bytes are read through L1 rather than around it (kL1Allocate,
 // kSoftmaxL1Alloc; the measurements are beside the rules in norm_plan.cpp and
-// softmax_plan.cpp).
+// ops/softmax/plan/designs.cpp).
 constexpr int64_t kL1AllocMinInputBytes = int64_t(40) << 20;
 
 // The smallest power of two >= v (1 for v <= 1).

@@ -19,7 +19,7 @@
 
 #include "jit/kernel_cache.h"
 #include "ops/norm_common.h"
-#include "ops/softmax_plan.h"
+#include "ops/softmax/plan/planner.h"
 
 namespace rtcnorm {
 
@@ -50,6 +50,20 @@ SoftmaxKind softmax_kind(SoftmaxOp op) {
     default:
       return kSoftmaxCausal;
   }
+}
+
+SoftmaxVariant softmax_variant(SoftmaxOp op) {
+  switch (op) {
+    case SoftmaxOp::kScaled:
+      return SoftmaxVariant::kPlain;
+    case SoftmaxOp::kMasked:
+      return SoftmaxVariant::kMasked;
+    case SoftmaxOp::kUpperTriang:
+      return SoftmaxVariant::kCausal;
+    case SoftmaxOp::kAlignedCausal:
+      return SoftmaxVariant::kAlignedCausal;
+  }
+  return SoftmaxVariant::kPlain;
 }
 
 namespace {
@@ -132,8 +146,8 @@ void launch_softmax(const char* op, const at::Tensor& like, const SoftmaxProblem
   const int dev = check_device_arch(like, op);
   const auto& info = jit::device_info(dev);
   SoftmaxProblem p = prob;
-  p.sm_count = info.sm_count;
-  const SoftmaxPlan plan = plan_softmax(p, info.arch);
+  p.arch = SoftmaxArch(info.arch, info.sm_count);
+  const SoftmaxPlan plan = plan_softmax(p);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
   prm.row_blocks = static_cast<int>(plan.row_blocks);
@@ -172,11 +186,10 @@ at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at:
   prob.rows = d.rows;
   prob.cols = d.cols;
   prob.max_vec = vec;
-  prob.kind = softmax_kind(op);
+  prob.variant = softmax_variant(op);
   prob.sq = d.sq;
   int64_t inner = 1, bcast = 1;
-  prob.mask_bcast = m.defined() && mask_broadcast_split(prm.mask_rows, d.rows, &inner, &bcast);
-  prob.bcast = bcast;
+  if (m.defined() && mask_broadcast_split(prm.mask_rows, d.rows, &inner, &bcast)) prob.mask_bcast = bcast;
   prm.inner = make_fast_div(inner);
   prm.bcast = make_fast_div(bcast);
 
@@ -212,7 +225,7 @@ at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at:
   prob.rows = d.rows;
   prob.cols = d.cols;
   prob.max_vec = vec;
-  prob.kind = causal ? kSoftmaxCausal : kSoftmaxPlain;
+  prob.variant = causal ? SoftmaxVariant::kCausal : SoftmaxVariant::kPlain;
   prob.sq = d.sq;
   prob.backward = true;
 

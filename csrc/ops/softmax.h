@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/common/softmax_params.cuh"
+#include "ops/softmax/plan/problem.h"
 
 namespace rtcnorm {
 
@@ -24,6 +25,7 @@ enum class SoftmaxOp { kScaled, kMasked, kUpperTriang, kAlignedCausal };
 
 const char* softmax_op_name(SoftmaxOp op);
 SoftmaxKind softmax_kind(SoftmaxOp op);
+SoftmaxVariant softmax_variant(SoftmaxOp op);
 
 struct SoftmaxDims {
   int64_t rows = 0;

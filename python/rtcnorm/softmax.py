@@ -151,7 +151,12 @@ def explain(
 ) -> dict:
     """The forward and backward launch plans of a softmax op for an input of ``shape``, and why.
 
-    ``op`` is one of the four forward op names. Assumes aligned tensors (the
+    Each phase holds the launch (``kernel``, ``grid``, ``cluster``, ...), the
+    picked ``design`` with its ``knobs``, whether an override ``forced`` it,
+    and the planner's trace: ``candidates``, one per design of the catalogue
+    with ``feasible`` and, where feasible, its ``knobs``, ``resources`` and
+    ``cost`` (the cost model's terms and its ``ns`` estimate). ``reason`` is
+    the same trace as text. ``op`` is one of the four forward op names. Assumes aligned tensors (the
     widest vector access), as freshly allocated ones are. ``mask_shape``
     (scaled_masked_softmax) tells whether the mask is broadcast over a dim
     such as heads. The plan is made for ``sm_count`` SMs (132: H100 SXM);
