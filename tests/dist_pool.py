@@ -14,6 +14,7 @@ import importlib
 import os
 import queue
 import tempfile
+import time
 import traceback
 
 import torch.multiprocessing as mp
@@ -68,15 +69,21 @@ class Pool:
         for q in self._tasks:
             q.put(name)
         got: dict[int, tuple] = {}
-        try:
-            while len(got) < self.world_size:
-                rank, got_name, ok, value = self._results.get(timeout=timeout)
-                assert got_name == name, (got_name, name)
-                got[rank] = (ok, value)
-        except queue.Empty:
-            self.broken = f"{name} timed out after {timeout:.0f}s; ranks that answered: {sorted(got)}"
-            self.close()
-            raise TimeoutError(self.broken) from None
+        deadline = time.monotonic() + timeout
+        while len(got) < self.world_size:
+            try:
+                rank, got_name, ok, value = self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    why = f"ranks {dead} died" if dead else f"timed out after {timeout:.0f}s"
+                    self.broken = f"{name}: {why}; ranks that answered: {sorted(got)}"
+                    self.close()
+                    errors = "".join(f"\nrank {r}:\n{v}" for r, (ok, v) in sorted(got.items()) if not ok)
+                    raise TimeoutError(self.broken + errors) from None
+                continue
+            assert got_name == name, (got_name, name)
+            got[rank] = (ok, value)
         failed = [(r, v) for r, (ok, v) in sorted(got.items()) if not ok]
         if failed:
             rank, tb = failed[0]

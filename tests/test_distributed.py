@@ -47,6 +47,27 @@ def test_dtensor_op(pool, case):
     pool.run(f"dist_op_cases:{case}")
 
 
+MODEL_CASES = [
+    "tp_sp_matches_single_process",
+    "tp_sp_norm_grads_are_deterministic",
+    "fsdp2_matches_single_process",
+]
+
+
+@pytest.mark.parametrize("case", MODEL_CASES)
+def test_parallel_model(pool, case):
+    pool.run(f"dist_model_cases:{case}", timeout=120)
+
+
+def test_fsdp2_tp_2d_mesh_matches_single_process():
+    # FSDP2 over a 2-way dp dim and TP + SP over a 2-way tp dim: 4 processes.
+    pool4 = Pool(4)
+    try:
+        pool4.run("dist_model_cases:fsdp2_tp_2d_matches_single_process", timeout=120)
+    finally:
+        pool4.close()
+
+
 def _run_python(code: str) -> str:
     env = dict(os.environ)
     python_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
