@@ -78,12 +78,14 @@ class Decoder(nn.Module):
 
 
 def init_weights(model: nn.Module, seed: int) -> None:
-    """Deterministic weights (norm weights not all ones, so dW matters)."""
-    g = torch.Generator().manual_seed(seed)
+    """Deterministic weights, drawn on the parameters' device (norm weights
+    not all ones, so dW matters)."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            w = torch.randn(p.shape, generator=g) * (0.1 if "norm" in name else p.shape[-1] ** -0.5)
-            p.copy_(w + (1.0 if "norm" in name else 0.0))
+        for i, (name, p) in enumerate(model.named_parameters()):
+            g = torch.Generator(device=p.device).manual_seed(seed * 1000 + i)
+            w = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
+            w = w * (0.1 if "norm" in name else p.shape[-1] ** -0.5) + (1.0 if "norm" in name else 0.0)
+            p.copy_(w)
 
 
 def tp_plan(model: Decoder) -> dict:

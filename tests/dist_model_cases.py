@@ -146,3 +146,15 @@ def fsdp2_tp_2d_matches_single_process():
     # the loss of a dp rank is replicated over its tp ranks: averaging over all
     # ranks averages over dp
     _train(model, ref, local, batch=2 * mesh["dp"].size(), seq=TP_SEQ)
+
+
+def bench_tiny_cpu():
+    """benchmarks/bench_distributed.py --device cpu --tiny on these ranks; rank
+    0 returns the directory it wrote."""
+    import tempfile
+
+    import bench_distributed
+
+    out = tempfile.mkdtemp(prefix="rtcnorm-bench-dist-") if dist.get_rank() == 0 else "unused"
+    bench_distributed.run(bench_distributed.parse_args(["--device", "cpu", "--tiny", "--out", out]))
+    return out
