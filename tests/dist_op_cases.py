@@ -207,3 +207,31 @@ def causal_softmax_keeps_queries_whole():
         _softmax_check(fn, x, [Shard(1)], [Shard(1)], 0)
         # the query offset is global: a query split is gathered, not computed locally
         _softmax_check(fn, x, [Shard(2)], [Replicate()], 1)
+
+
+def ops_on_a_2d_mesh():
+    """(dp, tp) = (2, 2): rows split over both mesh dims, one of them a
+    normalized-dim split that must be gathered."""
+    torch.manual_seed(8)
+    mesh2 = init_device_mesh("cpu", (2, dist.get_world_size() // 2))
+    x, dy, w = torch.randn(5, 3, 16, dtype=F64), torch.randn(5, 3, 16, dtype=F64), torch.randn(16, dtype=F64)
+    xf, wf = full_leaf(x), full_leaf(w)
+    yf = rtcnorm.rms_norm(xf, 16, wf)
+    yf.backward(dy)
+    for placements, comms_expected in [((Shard(0), Shard(1)), 0), ((Shard(1), Shard(2)), 1)]:
+        xd = distribute_tensor(x, mesh2, placements).requires_grad_()
+        wd = distribute_tensor(w, mesh2, [Replicate(), Replicate()]).requires_grad_()
+        y, comms = counted(rtcnorm.rms_norm, xd, 16, wd)
+        assert comms == comms_expected, (placements, comms)
+        rows = tuple(p if p.dim < 2 else Replicate() for p in placements)
+        assert y.placements == rows, (placements, y.placements)
+        y.backward(distribute_tensor(dy, mesh2, y.placements))
+        assert wd.grad.placements == tuple(Partial("sum") if p.is_shard() else p for p in rows), wd.grad.placements
+        close(y, yf, f"y {placements}")
+        close(xd.grad, xf.grad, f"dx {placements}")
+        close(wd.grad, wf.grad, f"dw {placements}")
+    s = torch.randn(4, 3, 5, 7, dtype=F64)
+    sd = distribute_tensor(s, mesh2, [Shard(0), Shard(1)])
+    y, comms = counted(rtcnorm.scaled_softmax, sd, 0.5)
+    assert comms == 0 and y.placements == (Shard(0), Shard(1)), (comms, y.placements)
+    close(y, rtcnorm.scaled_softmax(s, 0.5), "softmax on a 2-D mesh")

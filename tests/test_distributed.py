@@ -79,10 +79,12 @@ def test_distributed_benchmark_tiny_cpu_run(pool):
     assert "| rtcnorm |" in table and "| torch |" in table
 
 
-def test_fsdp2_tp_2d_mesh_matches_single_process():
-    # FSDP2 over a 2-way dp dim and TP + SP over a 2-way tp dim: 4 processes.
+def test_2d_mesh_ops_and_fsdp2_tp_match_single_process():
+    # A (2, 2) mesh: the op rules over two mesh dims, then FSDP2 over a 2-way
+    # dp dim and TP + SP over a 2-way tp dim. 4 processes.
     pool4 = Pool(4)
     try:
+        pool4.run("dist_op_cases:ops_on_a_2d_mesh")
         pool4.run("dist_model_cases:fsdp2_tp_2d_matches_single_process", timeout=120)
     finally:
         pool4.close()

@@ -199,6 +199,9 @@ def register() -> None:
 
     Every argument from index 1 on is part of the propagation cache key
     (static_argnum=1): the normalized shape and the flags decide placements.
+    ``register_sharding`` keys on arguments from the first plain ``int`` one;
+    these schemas have none, so it would key on the tensors alone and reuse
+    one decision across normalized shapes of the same input.
     """
     propagator = DTensor._op_dispatcher.sharding_propagator
     for op, fn in STRATEGIES.items():
