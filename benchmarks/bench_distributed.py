@@ -23,11 +23,13 @@ DIR/bench_distributed.json and DIR/bench_distributed.md (rank 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+import traceback
 from collections import defaultdict
 from datetime import timedelta
 
@@ -200,16 +202,17 @@ def step_time(model, x, target, device, steps, warmup):
 def run(args):
     """The benchmark on every rank; joins the default process group unless
     one is already up (the CPU test runs it inside its own workers)."""
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     own_group = not dist.is_initialized()
     if own_group:
-        dist.init_process_group("nccl" if args.device == "cuda" else "gloo", timeout=timedelta(minutes=5))
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        # a rank that fails alone leaves the others in a collective: 3 minutes at most
+        dist.init_process_group(backend, timeout=timedelta(minutes=3), device_id=device if backend == "nccl" else None)
     backend = dist.get_backend()
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     cfg = TINY if args.tiny else FULL
     steps = args.steps or (2 if args.tiny else 10)
@@ -226,19 +229,24 @@ def run(args):
             "warmup": args.warmup,
         },
         "numerics": {},
-        "collectives": {},
-        "step_ms": {},
+        "collectives": {n: {} for n in VARIANTS},
+        "step_ms": {n: {} for n in VARIANTS},
+        "errors": [],
     }
     t_start = time.perf_counter()
     for norms in VARIANTS:
-        result["numerics"][norms] = numerics(norms, cfg, device, dtype, mesh)
-        result["collectives"][norms], result["step_ms"][norms] = {}, {}
-        for plan, model, (x, target) in _setups(norms, cfg, device, dtype, mesh):
-            result["collectives"][norms][plan] = collectives(model, x, target)
-            result["step_ms"][norms][plan] = step_time(model, x, target, device, steps, args.warmup)
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        # An error that every rank meets (the usual kind) is recorded and the
+        # run goes on, so the other sections still report.
+        with _section(result, f"{norms} numerics"):
+            result["numerics"][norms] = numerics(norms, cfg, device, dtype, mesh)
+        with _section(result, f"{norms} plans"):
+            for plan, model, (x, target) in _setups(norms, cfg, device, dtype, mesh):
+                with _section(result, f"{norms} {plan}"):
+                    result["collectives"][norms][plan] = collectives(model, x, target)
+                    result["step_ms"][norms][plan] = step_time(model, x, target, device, steps, args.warmup)
+                del model
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     result["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
     if rank == 0:
         summarize(result)
@@ -255,23 +263,39 @@ def run(args):
     return result
 
 
+@contextlib.contextmanager
+def _section(result, name):
+    try:
+        yield
+    except Exception as e:
+        traceback.print_exc()
+        result["errors"].append(f"{name}: {type(e).__name__}: {str(e)[:500]}")
+
+
 def summarize(result):
     """Verdicts: rtcnorm's TP error within twice torch's own (plus a floor),
-    and no collective or byte beyond what the torch model moves."""
+    and no collective or byte beyond what the torch model moves. None where
+    a section failed."""
     num = result["numerics"]
     floor = 2e-2 if result["meta"]["dtype"] == "bfloat16" else 1e-4
-    result["numerics_ok"] = all(
-        num["rtcnorm"][k] <= max(2 * num["torch"][k], floor) for k in ("loss_rel_err", "grad_rel_err")
-    )
+    result["numerics_ok"] = None
+    if num.get("rtcnorm") and num.get("torch"):
+        result["numerics_ok"] = all(
+            num["rtcnorm"][k] <= max(2 * num["torch"][k], floor) for k in ("loss_rel_err", "grad_rel_err")
+        )
     extra = {}
     for plan in ("tp_sp", "fsdp2"):
-        a, b = result["collectives"]["rtcnorm"][plan], result["collectives"]["torch"][plan]
-        extra[plan] = {
-            "count": a["total_count"] - b["total_count"],
-            "bytes": a["total_bytes"] - b["total_bytes"],
-        }
+        a, b = result["collectives"]["rtcnorm"].get(plan), result["collectives"]["torch"].get(plan)
+        if a and b:
+            extra[plan] = {"count": a["total_count"] - b["total_count"], "bytes": a["total_bytes"] - b["total_bytes"]}
     result["extra_collectives_vs_torch"] = extra
-    result["no_extra_traffic"] = all(v["count"] == 0 and v["bytes"] == 0 for v in extra.values())
+    result["no_extra_traffic"] = (
+        all(v["count"] == 0 and v["bytes"] == 0 for v in extra.values()) if len(extra) == 2 else None
+    )
+
+
+def _fmt(value, spec):
+    return "n/a" if value is None else format(value, spec)
 
 
 def markdown(result):
@@ -289,24 +313,31 @@ def markdown(result):
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for norms in VARIANTS:
-        c, t, n = result["collectives"][norms], result["step_ms"][norms], result["numerics"][norms]
+        c, t, n = result["collectives"][norms], result["step_ms"][norms], result["numerics"].get(norms) or {}
+
+        def comm(plan, c=c):
+            if plan not in c:
+                return "n/a"
+            return f"{c[plan]['total_count']} ({c[plan]['total_bytes'] / 2**20:.1f})"
+
+        norm_ops = f"{c['tp_sp']['norm_op_count']} ({c['tp_sp']['norm_op_bytes']} B)" if "tp_sp" in c else "n/a"
         lines.append(
-            f"| {norms} | {t['tp_sp']:.2f} | {t['fsdp2']:.2f} "
-            f"| {c['tp_sp']['total_count']} ({c['tp_sp']['total_bytes'] / 2**20:.1f}) "
-            f"| {c['fsdp2']['total_count']} ({c['fsdp2']['total_bytes'] / 2**20:.1f}) "
-            f"| {c['tp_sp']['norm_op_count']} ({c['tp_sp']['norm_op_bytes']} B) "
-            f"| {n['loss_rel_err']:.2e} | {n['grad_rel_err']:.2e} ({n['grad_rel_err_param']}) |"
+            f"| {norms} | {_fmt(t.get('tp_sp'), '.2f')} | {_fmt(t.get('fsdp2'), '.2f')} "
+            f"| {comm('tp_sp')} | {comm('fsdp2')} | {norm_ops} "
+            f"| {_fmt(n.get('loss_rel_err'), '.2e')} | {_fmt(n.get('grad_rel_err'), '.2e')} "
+            f"({n.get('grad_rel_err_param', '')}) |"
         )
     extra = result["extra_collectives_vs_torch"]
+    added = ", ".join(f"{plan} {v['count']} ({v['bytes']} B)" for plan, v in extra.items()) or "n/a"
     lines += [
         "",
         f"Numerics within twice torch's own TP error: **{result['numerics_ok']}**. "
-        f"Collectives rtcnorm adds over torch's norms: TP+SP {extra['tp_sp']['count']} "
-        f"({extra['tp_sp']['bytes']} B), FSDP2 {extra['fsdp2']['count']} ({extra['fsdp2']['bytes']} B): "
-        f"**{'none' if result['no_extra_traffic'] else 'some'}**. Wall time {m['wall_s']} s.",
+        f"Collectives rtcnorm adds over torch's norms: {added}; none at all: **{result['no_extra_traffic']}**. "
+        f"Wall time {m['wall_s']} s.",
         "",
     ]
-    return "\n".join(lines)
+    lines += [f"- error: {e}" for e in result["errors"]]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
