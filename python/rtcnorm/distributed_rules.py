@@ -50,7 +50,9 @@ EMPTY = "empty"  # placeholder for a gradient that was not asked for
 def row_placements(placements: Sequence[Placement], first_reduced_dim: int) -> tuple[Placement, ...]:
     """``placements`` with every Shard at or past ``first_reduced_dim`` and
     every Partial turned into Replicate: the placements an op reducing over
-    the dims from ``first_reduced_dim`` on can run with locally."""
+    the dims from ``first_reduced_dim`` on can run with locally. A
+    ``_StridedShard`` (not a ``Shard`` subclass in torch 2.11) is gathered
+    too: correct, though not free."""
     return tuple(p if isinstance(p, Shard) and p.dim < first_reduced_dim else Replicate() for p in placements)
 
 
