@@ -11,7 +11,7 @@ from . import _nvrtc_paths
 
 _nvrtc_paths.register()
 
-from . import _C, _ops, _softmax_ops, jit, softmax  # noqa: E402
+from . import _C, _ops, _softmax_ops, distributed, jit, softmax  # noqa: E402  (distributed: DTensor rules, lazily)
 from .functional import layer_norm, rms_norm  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
 from .modules import LayerNorm, RMSNorm  # noqa: E402
@@ -32,6 +32,7 @@ __all__ = [
     "FusedScaleMaskSoftmax",
     "LayerNorm",
     "RMSNorm",
+    "distributed",
     "explain",
     "jit",
     "layer_norm",
