@@ -164,9 +164,15 @@ def numerics(norms, cfg, device, dtype, mesh):
     }
 
 
+def _sgd(model):
+    # The TP + SP plan leaves some parameters plain tensors beside DTensors;
+    # the foreach update (CUDA's default) takes one tensor kind per list.
+    return torch.optim.SGD(model.parameters(), lr=1e-4, foreach=False)
+
+
 def collectives(model, x, target):
     """Counts and bytes of one step, in total and issued by norm ops."""
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    opt = _sgd(model)
     _step(model, opt, x, target)  # warm: lazy init (FSDP2) is not a step's traffic
     with CommBytes() as comm:
         _step(model, opt, x, target)
@@ -183,7 +189,7 @@ def collectives(model, x, target):
 
 
 def step_time(model, x, target, device, steps, warmup):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    opt = _sgd(model)
     for _ in range(warmup):
         _step(model, opt, x, target)
     times = []
