@@ -6,8 +6,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
 
 #include <initializer_list>
+#include <memory>
+#include <string>
 
 namespace rtcnorm {
 
@@ -38,5 +42,20 @@ inline bool needs_no_node(std::initializer_list<const at::Tensor*> args) {
 }
 
 inline const at::Tensor* optional_ptr(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
+
+// The gradients a backward returns, made once differentiable. Where the
+// backward runs with grad mode on (create_graph=True) and one of `inputs`
+// (its incoming gradients and saved tensors) requires grad, the gradients
+// get a node that raises `msg` if a second backward reaches it; their values
+// are the first-order gradients either way. Without it they would carry no
+// history through rstd and mean, and a second derivative would come out
+// silently wrong.
+inline torch::autograd::variable_list once_differentiable(const torch::autograd::variable_list& inputs,
+                                                          torch::autograd::variable_list grads, const char* msg) {
+  if (!c10::GradMode::is_enabled()) return grads;
+  return torch::autograd::wrap_outputs(inputs, std::move(grads), [msg](torch::autograd::edge_list&& next) {
+    return std::make_shared<torch::autograd::Error>(msg, std::move(next));
+  });
+}
 
 }  // namespace rtcnorm

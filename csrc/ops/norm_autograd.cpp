@@ -11,6 +11,9 @@
 // - The weight's gradient is computed only when the weight requires it.
 // - A call that needs no node (needs_no_node) runs the op below autograd
 //   directly; its outputs are the same tensors the node would have returned.
+// - The backward is once differentiable: it runs the backward op below
+//   autograd, and under create_graph=True its gradients raise a clear error
+//   if differentiated again (once_differentiable), never a wrong number.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -45,6 +48,16 @@ constexpr size_t kRmsWeightEdge = 1, kAddRmsWeightEdge = 2, kLnWeightEdge = 1;
 
 std::optional<Tensor> opt(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
 
+constexpr const char* kRmsTwice =
+    "rtcnorm.rms_norm: double backward is not supported (the backward is once differentiable); "
+    "use torch.nn.functional.rms_norm where a second derivative is needed";
+constexpr const char* kAddRmsTwice =
+    "rtcnorm.add_rms_norm: double backward is not supported (the backward is once differentiable); "
+    "use torch.nn.functional.rms_norm on input + residual where a second derivative is needed";
+constexpr const char* kLnTwice =
+    "rtcnorm.layer_norm: double backward is not supported (the backward is once differentiable); "
+    "use torch.nn.functional.layer_norm where a second derivative is needed";
+
 // The ops below autograd, found once.
 const c10::TypedOperatorHandle<RmsFwd>& rms_fwd() {
   static const auto op = typed_op<RmsFwd>("rtcnorm::rms_norm");
@@ -78,9 +91,11 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kRmsWeightEdge);
+    at::AutoDispatchBelowADInplaceOrView guard;
     auto [dx, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape,
                              ctx->saved_data["zc"].toBool(), want_w, std::nullopt);
-    return {dx, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()};
+    return once_differentiable({grads[0], saved[0], saved[1]},
+                               {dx, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()}, kRmsTwice);
   }
 };
 
@@ -103,9 +118,11 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kAddRmsWeightEdge);
+    at::AutoDispatchBelowADInplaceOrView guard;
     auto [dh, dw] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[2], opt(saved[1]), shape,
                              ctx->saved_data["zc"].toBool(), want_w, opt(grads[1]));
-    return {dh, dh, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()};
+    return once_differentiable({grads[0], grads[1], saved[0], saved[1]},
+                               {dh, dh, Tensor(), want_w ? dw : Tensor(), Tensor(), Tensor(), Tensor()}, kAddRmsTwice);
   }
 };
 
@@ -129,9 +146,12 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const bool want_w = saved[1].defined() && ctx->needs_input_grad(kLnWeightEdge);
     const bool want_b = saved[2].defined() && ctx->needs_input_grad(saved[1].defined() ? 2 : 1);
+    at::AutoDispatchBelowADInplaceOrView guard;
     auto [dx, dw, db] = bwd.call(grad_or_zeros(grads[0], saved[0]), saved[0], saved[3], saved[4], opt(saved[1]),
                                  opt(saved[2]), shape, ctx->saved_data["zc"].toBool(), want_w, want_b);
-    return {dx, Tensor(), want_w ? dw : Tensor(), want_b ? db : Tensor(), Tensor(), Tensor(), Tensor()};
+    return once_differentiable(
+        {grads[0], saved[0], saved[1], saved[2]},
+        {dx, Tensor(), want_w ? dw : Tensor(), want_b ? db : Tensor(), Tensor(), Tensor(), Tensor()}, kLnTwice);
   }
 };
 

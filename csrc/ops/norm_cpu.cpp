@@ -29,6 +29,49 @@ at::Tensor scale_of(const std::optional<at::Tensor>& weight, bool zero_centered,
   return zero_centered ? g + 1 : g;
 }
 
+// Per-row statistics and the normalized rows (before gamma and beta); mean
+// and rstd keep the reduced dims.
+struct RowNorm {
+  at::Tensor xhat, mean, rstd;
+};
+
+RowNorm normalize_rows(NormKind kind, const at::Tensor& hf, at::IntArrayRef dims, double eps) {
+  RowNorm r;
+  at::Tensor centered = hf;
+  if (kind == kLayerNorm) {
+    r.mean = hf.mean(dims, /*keepdim=*/true);
+    centered = hf - r.mean;
+  }
+  r.rstd = (centered.pow(2).mean(dims, /*keepdim=*/true) + eps).rsqrt();
+  r.xhat = centered * r.rstd;
+  return r;
+}
+
+// Rows whose sums overflow the accumulation type (squares of fp32 values of
+// 1e19 and more) get rstd 0 or NaN above, which would zero their outputs.
+// Where such a row's values are finite and not all zero, it is normalized
+// again on x / max|x|, where nothing overflows; eps scales with the variance
+// and mean and rstd are scaled back. Rows holding an inf or a NaN keep the
+// plain results. Other rows are unchanged bit for bit.
+void rescale_overflowed_rows(NormKind kind, const at::Tensor& hf, at::IntArrayRef dims, double eps, RowNorm& r) {
+  const at::Tensor bad = r.rstd.gt(0).logical_not();
+  if (!bad.any().item<bool>()) return;
+  const at::Tensor amax = hf.abs().amax(dims, /*keepdim=*/true);
+  const at::Tensor fix = bad.logical_and(amax.isfinite()).logical_and(amax.gt(0));
+  const at::Tensor scale = amax.reciprocal();
+  const at::Tensor hs = hf * scale;
+  at::Tensor centered = hs;
+  at::Tensor mean_s;
+  if (kind == kLayerNorm) {
+    mean_s = hs.mean(dims, /*keepdim=*/true);
+    centered = hs - mean_s;
+  }
+  const at::Tensor rstd_s = (centered.pow(2).mean(dims, /*keepdim=*/true) + scale * scale * eps).rsqrt();
+  r.xhat = (centered * rstd_s).where(fix, r.xhat);
+  r.rstd = (rstd_s * scale).where(fix, r.rstd);
+  if (kind == kLayerNorm) r.mean = (mean_s / scale).where(fix, r.mean);
+}
+
 }  // namespace
 
 NormFwdOutputs norm_forward_cpu(NormKind kind, const char* op, const at::Tensor& input,
@@ -47,20 +90,15 @@ NormFwdOutputs norm_forward_cpu(NormKind kind, const char* op, const at::Tensor&
     out.h = h.contiguous();
   }
   const at::Tensor hf = h.to(acc);
-  at::Tensor centered = hf;
-  if (kind == kLayerNorm) {
-    const at::Tensor mu = hf.mean(dims, /*keepdim=*/true);
-    centered = hf - mu;
-    out.mean = mu.reshape(stat_shape(input, d.lead)).to(acc);
-  }
-  const at::Tensor var = centered.pow(2).mean(dims, /*keepdim=*/true);
-  const at::Tensor rstd = (var + eps).rsqrt();
-  at::Tensor y = centered * rstd;
+  RowNorm r = normalize_rows(kind, hf, dims, eps);
+  rescale_overflowed_rows(kind, hf, dims, eps, r);
+  if (kind == kLayerNorm) out.mean = r.mean.reshape(stat_shape(input, d.lead)).to(acc);
+  at::Tensor y = r.xhat;
   const at::Tensor g = scale_of(weight, zero_centered, acc);
   if (g.defined()) y = y * g;
   if (bias.has_value()) y = y + bias->to(acc);
   out.y = y.to(input.scalar_type()).contiguous();
-  out.rstd = rstd.reshape(stat_shape(input, d.lead)).contiguous();
+  out.rstd = r.rstd.reshape(stat_shape(input, d.lead)).contiguous();
   return out;
 }
 

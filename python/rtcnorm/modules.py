@@ -6,29 +6,56 @@ torch modules, plus ``mode`` (and ``zero_centered_gamma``).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from . import functional as F
-from .modes import check_mode
-
-
-def _shape_tuple(normalized_shape) -> tuple[int, ...]:
-    if isinstance(normalized_shape, numbers.Integral):
-        return (int(normalized_shape),)
-    return tuple(int(s) for s in normalized_shape)
+from .functional import ADD_RMS_NORM, LAYER_NORM, RMS_NORM, checked_mode, checked_shape
 
 
 class RMSNorm(nn.Module):
-    """Drop-in for :class:`torch.nn.RMSNorm` running rtcnorm's fused kernels.
+    r"""Drop-in for :class:`torch.nn.RMSNorm` running rtcnorm's fused kernels.
 
-    ``eps=None`` means ``torch.finfo(x.dtype).eps``. With
-    ``zero_centered_gamma=True`` the scale is ``1 + weight`` and the weight is
-    initialised to zeros. ``forward(x, residual=None)`` returns ``(y, x +
-    residual)`` when a residual is given.
+    Normalizes the trailing ``normalized_shape`` dims of the input:
+    ``y = x / sqrt(mean(x^2) + eps) * g``, where ``g`` is ``weight``, or
+    ``1 + weight`` with ``zero_centered_gamma=True``, or 1 without a weight.
+    The statistics are computed in fp32 (fp64 for fp64 input, on CPU);
+    rows of huge magnitude (fp32 near 1e30, bf16 near 1e38) are still
+    normalized, not zeroed.
+
+    Args:
+        normalized_shape: the trailing dims to normalize, an int or a sequence
+            of ints (any other type is a TypeError); the input's last dims must
+            match it.
+        eps: added to the mean square. ``None`` (the default, as in torch)
+            means ``torch.finfo(x.dtype).eps`` of each call's input.
+        elementwise_affine: learn a ``weight`` of shape ``normalized_shape``
+            (initialised to ones, or zeros with ``zero_centered_gamma``).
+        mode: the forward kernel design, None (a planner chooses) or one of
+            :data:`rtcnorm.MODES`; ``rtcnorm.explain`` shows what runs. It
+            never changes the result beyond rounding.
+        zero_centered_gamma: scale by ``1 + weight`` (weight decay then pulls
+            the scale towards 1 rather than 0).
+        device, dtype: of the weight. It may be float32 beside bf16 or fp16
+            input (mixed precision); the output has the input's dtype.
+
+    ``forward(x, residual=None)`` returns ``y``; with a ``residual`` of x's
+    shape and dtype it computes ``h = x + residual`` (rounded to x's dtype)
+    in the same kernel and returns ``(y, h)``, gradients flowing to both.
+
+    Inputs may be CUDA tensors (float32, float16, bfloat16; kernels are
+    compiled on first use for each shape and cached on disk) or CPU tensors
+    (a reference implementation, float64 too). Rows may be strided. The
+    state_dict matches torch.nn.RMSNorm's, and :meth:`from_torch` converts
+    one. The backward is once differentiable: a second derivative (double
+    backward) raises a RuntimeError; use torch.nn.RMSNorm where one is needed.
+
+    Example::
+
+        norm = rtcnorm.RMSNorm(4096, device="cuda", dtype=torch.bfloat16)
+        y = norm(x)                   # x: (..., 4096)
+        y, h = norm(x, residual=r)    # pre-norm block: h = x + r
     """
 
     def __init__(
@@ -43,8 +70,8 @@ class RMSNorm(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_mode(mode, "RMSNorm")
-        self.normalized_shape = _shape_tuple(normalized_shape)
+        self.normalized_shape = checked_shape(normalized_shape, "RMSNorm")
+        checked_mode(mode, "RMSNorm")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.mode = mode
@@ -63,15 +90,13 @@ class RMSNorm(nn.Module):
                 nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return F.rms_norm(
-            x,
-            self.normalized_shape,
-            self.weight,
-            self.eps,
-            mode=self.mode,
-            zero_centered_gamma=self.zero_centered_gamma,
-            residual=residual,
+        # The op checks the mode and shape itself; __init__ already did.
+        if residual is None:
+            return RMS_NORM(x, self.normalized_shape, self.weight, self.eps, self.mode, self.zero_centered_gamma)[0]
+        y, h, _ = ADD_RMS_NORM(
+            x, residual, self.normalized_shape, self.weight, self.eps, self.mode, self.zero_centered_gamma
         )
+        return y, h
 
     def extra_repr(self) -> str:
         s = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, mode={self.mode}"
@@ -94,7 +119,45 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """Drop-in for :class:`torch.nn.LayerNorm` running rtcnorm's fused kernels."""
+    r"""Drop-in for :class:`torch.nn.LayerNorm` running rtcnorm's fused kernels.
+
+    Normalizes the trailing ``normalized_shape`` dims of the input:
+    ``y = (x - mean) / sqrt(var + eps) * g + bias``, with the biased variance
+    and ``g`` = ``weight``, ``1 + weight`` (``zero_centered_gamma=True``) or 1.
+    The statistics are computed in fp32 (fp64 for fp64 input, on CPU) without
+    E[x^2] - E[x]^2, so a large mean does not cancel the variance; rows of
+    huge magnitude (fp32 near 1e30, bf16 near 1e38) are still normalized,
+    not zeroed.
+
+    Args:
+        normalized_shape: the trailing dims to normalize, an int or a sequence
+            of ints (any other type is a TypeError); the input's last dims must
+            match it.
+        eps: added to the variance (default 1e-5, as in torch); finite, >= 0.
+        elementwise_affine: learn ``weight`` (ones, or zeros with
+            ``zero_centered_gamma``) and, with ``bias=True``, ``bias`` (zeros),
+            both of shape ``normalized_shape``.
+        bias: learn a bias (only with ``elementwise_affine``).
+        mode: the forward kernel design, None (a planner chooses) or one of
+            :data:`rtcnorm.MODES`; ``rtcnorm.explain`` shows what runs. It
+            never changes the result beyond rounding.
+        zero_centered_gamma: scale by ``1 + weight``.
+        device, dtype: of the parameters. They may be float32 beside bf16 or
+            fp16 input (mixed precision); the output has the input's dtype.
+
+    Inputs may be CUDA tensors (float32, float16, bfloat16; kernels are
+    compiled on first use for each shape and cached on disk) or CPU tensors
+    (a reference implementation, float64 too). Rows may be strided. The
+    state_dict matches torch.nn.LayerNorm's, and :meth:`from_torch` converts
+    one. The backward is once differentiable: a second derivative (double
+    backward) raises a RuntimeError; use torch.nn.LayerNorm where one is
+    needed.
+
+    Example::
+
+        norm = rtcnorm.LayerNorm(1024, device="cuda", dtype=torch.bfloat16)
+        y = norm(x)                   # x: (..., 1024)
+    """
 
     def __init__(
         self,
@@ -109,8 +172,8 @@ class LayerNorm(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_mode(mode, "LayerNorm")
-        self.normalized_shape = _shape_tuple(normalized_shape)
+        self.normalized_shape = checked_shape(normalized_shape, "LayerNorm")
+        checked_mode(mode, "LayerNorm")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.mode = mode
@@ -136,15 +199,9 @@ class LayerNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(
-            x,
-            self.normalized_shape,
-            self.weight,
-            self.bias,
-            self.eps,
-            mode=self.mode,
-            zero_centered_gamma=self.zero_centered_gamma,
-        )
+        return LAYER_NORM(
+            x, self.normalized_shape, self.weight, self.bias, self.eps, self.mode, self.zero_centered_gamma
+        )[0]
 
     def extra_repr(self) -> str:
         s = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, mode={self.mode}"

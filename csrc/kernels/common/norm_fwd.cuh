@@ -37,6 +37,7 @@
 
 #include "common/cluster.cuh"
 #include "common/grid_exchange.cuh"
+#include "common/norm_stats_guard.cuh"
 #include "common/params.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -393,6 +394,13 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
         red = cluster_allreduce<kCl, ROWS, TPR>(red, cscratch, calls++, group, lane);
       }
       Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
+    }
+    if (row_ok) {  // overflowed sums (common/norm_stats_guard.cuh)
+      const auto row_of = [&] {
+        return GuardRow<T>{x + row_offset<FLAGS>(p.x_map, row),
+                           kRes ? res + row_offset<FLAGS>(p.residual_map, row) : res};
+      };
+      guard_stats<KIND, T, kRes>(row_of, N, p.eps, mean, rstd);
     }
     if (row_ok && lane == 0 && rank == 0) {
       p.rstd[row] = rstd;

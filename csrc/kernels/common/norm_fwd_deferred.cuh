@@ -95,6 +95,12 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
     float mean, rstd;
     Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
     if (!r.ok) return;
+    // Overflowed sums (common/norm_stats_guard.cuh).
+    guard_stats<KIND, T, false>(
+        [&] {
+          return GuardRow<T>{x + row_offset<FLAGS>(p.x_map, r.row), x};
+        },
+        N, p.eps, mean, rstd);
     if (lane == 0 && ex.rank == 0) {
       p.rstd[r.row] = rstd;
       if (KIND == kLayerNorm && p.mean != nullptr) p.mean[r.row] = mean;
