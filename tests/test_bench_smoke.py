@@ -79,3 +79,34 @@ def test_readme_tables_are_the_committed_results():
         readme = rows(f.read())
     assert len(printed) == 23 * 2 * 2 + 15 * 2, len(printed)
     assert printed == readme
+
+
+def test_plot_draws_one_png_per_op_and_phase(tmp_path):
+    """plot.py draws GB/s against N from a small result file in bench_*.py's format:
+    one PNG per op and phase; the largest M at each N is the point drawn."""
+    pytest.importorskip("matplotlib")
+    sys.path.insert(0, BENCH)
+    try:
+        import plot
+
+        rows = []
+        for shape, scale in (("4x128", 0.5), ("64x128", 1.0), ("8x4096", 2.0)):
+            for phase in ("fwd", "bwd"):
+                rows.append(
+                    {"shape": shape, "phase": phase, "copy": 100.0 * scale, "rtcnorm": 90.0 * scale}
+                    | {"torch": 50.0 * scale, "compile": "-", "liger": "=" if phase == "bwd" else 70.0 * scale}
+                )
+        meta = {"gpu": "Test GPU", "args": {"dtypes": ["bf16"]}}
+        (tmp_path / "rms_norm_t.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+        assert plot.series(rows, "fwd", "rtcnorm") == ([128, 4096], [90.0, 180.0])
+        assert plot.series(rows, "bwd", "liger") == ([], [])
+        assert plot.series(rows, "fwd", "compile") == ([], [])
+        written = plot.plot_all(str(tmp_path), "t", str(tmp_path / "png"))
+        assert sorted(os.path.basename(p) for p in written) == ["rms_norm_bwd_t.png", "rms_norm_fwd_t.png"]
+        for p in written:
+            with open(p, "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        with pytest.raises(SystemExit, match="no rms_norm/layer_norm_missing.json"):
+            plot.plot_all(str(tmp_path), "missing", str(tmp_path / "png"))
+    finally:
+        sys.path.remove(BENCH)
