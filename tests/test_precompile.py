@@ -206,7 +206,7 @@ def test_column_grads_backward_compiles_on_every_arch(op, arch):
 @pytest.mark.parametrize("op", OPS)
 def test_sixteen_cta_column_clusters_compile_on_sm_90(op):
     """16-bit backward rows of 131072 elements take deferred slices of 8192 on
-    16-CTA clusters (sm_90's non-portable size; NOTES entry 53); the residual's
+    16-CTA clusters (sm_90's non-portable size; docs/history.md entry 53); the residual's
     dh keeps its own plan. Their forward stays on clusters of 8."""
     kernels = compile_variants(op, [131072], [torch.bfloat16], [None], "sm_90")
     bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]

@@ -3,7 +3,7 @@
 ``explain(..., resources=True)`` compiles each planned kernel with NVRTC and
 returns ptxas' registers and spill bytes. These tests hold the plans of the
 standard benchmark shapes to a small spill budget, and the launch bounds that
-benchmarks/NOTES.md entries 67-68 set to keep rows out of local memory (where
+docs/history.md entries 67-68 set to keep rows out of local memory (where
 ptxas used to spill 88-384 bytes a thread) to none or nearly none, so that a
 planner change that lets a row spill fails here rather than in a benchmark.
 The report is that of the NVRTC this process loads, for sm_90.
