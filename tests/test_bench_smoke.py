@@ -57,28 +57,51 @@ def test_copy_rates_per_call_and_per_kernel_are_cached_numbers():
         sys.path.remove(BENCH)
 
 
-def test_readme_tables_are_the_committed_results():
-    """Every row of the README's bf16 tables is the row readme_tables.py prints from
-    benchmarks/results/*_h100.json, bar the anchor column (read from a file outside
-    the repository), and every result row is in the README."""
-    cmd = [sys.executable, os.path.join(BENCH, "readme_tables.py")]
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
+def _table_rows(text: str) -> list[tuple[str, ...]]:
+    """The cells of every markdown table row but the header rows."""
+    out = []
+    for line in text.splitlines():
+        cells = tuple(c.strip() for c in line.strip().strip("|").split("|"))
+        if line.startswith("| ") and cells[0] not in ("shape", "op"):
+            out.append(cells)
+    return out
 
-    def rows(text):
+
+def _printed(*args: str) -> str:
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "readme_tables.py"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+def test_readme_tables_are_the_committed_results():
+    """Every row of docs/performance.md's bf16 tables is the row readme_tables.py prints
+    from benchmarks/results/*_h100.json, bar the anchor column (read from a file outside
+    the repository), and every result row is there; the README's headline table is
+    the one ``--headline`` prints from the same files."""
+
+    def without_anchor(rows):
         out = []
-        for line in text.splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if line.startswith("| ") and cells[0] not in ("shape", "op"):
-                anchor = 6 if cells[1] in ("fwd", "bwd") else 7  # norm rows, softmax rows
-                out.append(tuple(cells[:anchor] + cells[anchor + 1 :]))
+        for cells in rows:
+            anchor = 6 if cells[1] in ("fwd", "bwd") else 7  # norm rows, softmax rows
+            out.append(cells[:anchor] + cells[anchor + 1 :])
         return out
 
-    printed = rows(run.stdout)
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = rows(f.read())
+    printed = without_anchor(_table_rows(_printed()))
+    with open(os.path.join(REPO, "docs", "performance.md")) as f:
+        documented = without_anchor(_table_rows(f.read()))
     assert len(printed) == 23 * 2 * 2 + 15 * 2, len(printed)
-    assert printed == readme
+    assert printed == documented
+
+    headline = _table_rows(_printed("--headline"))
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = [r for r in _table_rows(f.read()) if r[0] in ("RMSNorm", "LayerNorm")]
+    assert len(headline) >= 6 and headline == readme
 
 
 def test_plot_draws_one_png_per_op_and_phase(tmp_path):
