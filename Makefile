@@ -61,6 +61,7 @@ info: setup
 
 # A wheel built against the installed torch (its metadata pins that torch's minor release).
 wheel: deps
+	@$(PYTHON) -c "import build.__main__" 2>/dev/null || $(PIP) install build
 	$(PYTHON) -m build --wheel --no-isolation
 
 lint:

@@ -181,6 +181,8 @@ def child(family: str, a) -> None:
                 row.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 traceback.print_exc(file=sys.stderr)
             print("ROW " + json.dumps(row), flush=True)
+            took = f"{row['step_ms']:.1f} ms a step" if row["status"] == "ok" else row["error"]
+            print(f"{family} {norm} {mode}: {row['status']}, {took}", file=sys.stderr, flush=True)
             import torch
 
             if torch.cuda.is_available():
