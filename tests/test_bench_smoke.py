@@ -142,11 +142,11 @@ def test_model_benchmark_tiny_cpu_run_reports_every_configuration(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "models"
     cmd = [sys.executable, os.path.join(BENCH, "bench_models.py"), "--tiny", "--device", "cpu", "--modes", "eager"]
-    cmd += ["--models", "llama", "gpt2", "--out", str(out)]
+    cmd += ["--models", "gpt2", "--out", str(out)]  # one process: torch, rtcnorm.patch, Liger's skip
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads((tmp_path / "models.json").read_text())["rows"]
-    assert {(r["model"], r["norm"]) for r in rows} == {(m, n) for m in ("llama", "gpt2") for n in NORMS}
+    assert {(r["model"], r["norm"]) for r in rows} == {("gpt2", n) for n in NORMS}
     for r in rows:
         if r["norm"] == "torch":
             assert r["status"] == "ok" and r["step_ms"] > 0 and r["loss"] > 0, r
@@ -155,7 +155,7 @@ def test_model_benchmark_tiny_cpu_run_reports_every_configuration(tmp_path):
     gpt2_liger = next(r for r in rows if r["model"] == "gpt2" and r["norm"] == "liger")
     assert gpt2_liger["status"] == "skipped" and "no norm patch for gpt2" in gpt2_liger["error"]
     table = (tmp_path / "models.md").read_text()
-    assert "| llama |" in table and "| gpt2 |" in table
+    assert "| gpt2 |" in table
     assert (tmp_path / "models.png").read_bytes()[:4] == b"\x89PNG"
 
 
