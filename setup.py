@@ -92,6 +92,9 @@ UNITY_GROUPS = {
         "ops/softmax_cpu.cpp",
         "ops/norm_cpu.cpp",
         "ops/norm_common.cpp",
+        "ops/norm_checks.cpp",
+        "ops/softmax_checks.cpp",
+        "arg_check_bindings.cpp",
         "ops/grid_exchange_buffers.cpp",
     ],
 }

@@ -13,12 +13,15 @@
 #include <utility>
 #include <vector>
 
+#include "arg_check_bindings.h"
 #include "jit/disk_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
+#include "jit/py_jit.h"
 #include "ops/grid_exchange_buffers.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan.h"
+#include "ops/norm_plan_memo.h"
 #include "ops/softmax.h"
 #include "ops/softmax_plan.h"
 #include "ops/variants.h"
@@ -141,27 +144,10 @@ py::object ptxas_dict(const jit::KernelKey& k) {
   return d;
 }
 
-py::dict stats_dict() {
-  const jit::JitStats s = jit::stats();
-  py::dict d;
-  d["memory_hits"] = s.memory_hits;
-  d["memory_misses"] = s.memory_misses;
-  d["disk_hits"] = s.disk_hits;
-  d["disk_misses"] = s.disk_misses;
-  d["disk_corrupt"] = s.disk_corrupt;
-  d["disk_writes"] = s.disk_writes;
-  d["compiles"] = s.compiles;
-  d["compile_ms"] = s.compile_ms;
-  d["disk_load_ms"] = s.disk_load_ms;
-  d["module_loads"] = s.module_loads;
-  d["module_load_ms"] = s.module_load_ms;
-  return d;
-}
-
 std::vector<std::string> precompile(const std::string& op, const std::vector<std::string>& dtypes,
                                     const std::vector<int64_t>& hidden_sizes,
                                     const std::vector<std::optional<std::string>>& modes, const std::vector<int>& archs,
-                                    int threads) {
+                                    int threads, const py::object& progress) {
   const std::vector<NormMode> m = parse_modes(modes);
   std::vector<jit::KernelKey> keys;
   for (int arch : archs)
@@ -171,14 +157,19 @@ std::vector<std::string> precompile(const std::string& op, const std::vector<std
         auto k = variant_keys(op, parse_dtype(dt), n, m, arch);
         keys.insert(keys.end(), k.begin(), k.end());
       }
-  py::gil_scoped_release release;
-  return jit::precompile_keys(keys, threads);
+  return jit::precompile_for_python(keys, threads, progress);
 }
 
 py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
                       bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
                       bool single_stride) {
+  // rtcnorm.explain checks its arguments as the ops do (csrc/ops/norm_checks.h);
+  // this guards direct calls.
+  if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
+    throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
+                          std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
+                          std::to_string(sm_count));
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
   p.dtype = parse_dtype(dtype);
@@ -332,15 +323,12 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("driver_version", &jit::driver_version_string);
-  m.def("cache_dir", &jit::disk_cache_root);
-  m.def("disk_cache_enabled", &jit::disk_cache_enabled);
-  m.def("clear_cache", &jit::clear_cache);
-  m.def("stats", &stats_dict);
-  m.def("reset_stats", &jit::reset_stats);
+  jit::bind_cache(m);
   m.def("variant_ops", &variant_ops);
   m.def("precompile", &precompile, py::arg("op"), py::arg("dtypes"), py::arg("hidden_sizes"), py::arg("modes"),
-        py::arg("archs"), py::arg("threads") = 0);
+        py::arg("archs"), py::arg("threads") = 0, py::arg("progress") = py::none());
   m.def("explain_norm", &explain_norm);
+  bind_arg_checks(m);
   m.def("rows_single_stride", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t lead) {
     return rows_single_stride(sizes, strides, lead);
   });
@@ -359,6 +347,7 @@ PYBIND11_MODULE(_C, m) {
       if (x == std::end(kTunables)) throw py::key_error("rtcnorm._tuning: unknown tunable '" + key + "'");
       norm_tuning().*x->field = static_cast<int>(std::min(val, x->max));
     }
+    clear_norm_plan_memo();
   });
   // Tests only: the grid-exchange tag counter of the current stream of a device.
   m.def("_grid_exchange_next_tag",

@@ -7,110 +7,30 @@ needs no GPU. A scenario compiles one small, fixed set of kernels.
 
 from __future__ import annotations
 
-import json
+import inspect
 import os
 import shutil
-import stat
-import subprocess
-import sys
+import threading
 from pathlib import Path
 
 import pytest
 import rtcnorm
 import torch
-
-PYTHON_DIR = str(Path(rtcnorm.__file__).resolve().parent.parent)
-ARCH = "sm_80"
-SPEC = {"op": "layer_norm", "n": [1], "dtypes": ["float32"], "modes": ["static_persistent"], "archs": [ARCH]}
-WARNING = "kernel disk cache is unavailable"
-
-_DRIVER = r"""
-import json, os, sys, warnings
-import torch
-import rtcnorm
-
-spec = json.loads(sys.argv[1])
-out = {"cache_dir": rtcnorm.jit.cache_dir(), "steps": []}
-x = torch.randn(3, 8)
-out["cpu_op_ok"] = bool(torch.isfinite(rtcnorm.rms_norm(x, 8)).all())
-for step in spec.get("steps", [{"do": "precompile"}]):
-    rec = {"do": step["do"]}
-    if "cache_dir" in step:
-        os.environ["RTCNORM_CACHE_DIR"] = step["cache_dir"]
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if step["do"] == "precompile":
-                rec["lines"] = rtcnorm.jit.precompile(
-                    spec["op"], hidden_sizes=spec["n"], dtypes=[getattr(torch, d) for d in spec["dtypes"]],
-                    modes=spec["modes"], archs=spec["archs"])
-            elif step["do"] == "clear":
-                rec["removed"] = rtcnorm.jit.clear_cache()
-            rec["nvrtc"] = rtcnorm.jit.nvrtc_info()
-        rec["warnings"] = [str(w.message) for w in caught]
-    except Exception as e:
-        rec["error"] = f"{type(e).__name__}: {e}"
-    rec["stats"] = rtcnorm.jit.stats()
-    out["steps"].append(rec)
-print("RESULT " + json.dumps(out))
-"""
-
-
-def _env(cache_dir, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RTCNORM_")}
-    env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
-    env["RTCNORM_CACHE_DIR"] = str(cache_dir)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def _start(cache_dir, spec=None, **env):
-    return subprocess.Popen(
-        [sys.executable, "-c", _DRIVER, json.dumps(spec or SPEC)],
-        env=_env(cache_dir, **env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _finish(proc):
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{stderr[-4000:]}"
-    line = next(ln for ln in stdout.splitlines() if ln.startswith("RESULT "))
-    result = json.loads(line[len("RESULT ") :])
-    result["stderr"] = stderr
-    assert result["cpu_op_ok"]
-    return result
-
-
-def run(cache_dir, spec=None, **env):
-    """Runs the driver; returns its result, with the first step's fields on top."""
-    result = _finish(_start(cache_dir, spec, **env))
-    if result["steps"]:
-        result.update(result["steps"][0])
-    return result
-
-
-def warning_count(result):
-    return result["stderr"].count(WARNING) + sum(WARNING in w for s in result["steps"] for w in s.get("warnings", []))
-
-
-def arch_dir(root):
-    return Path(root) / rtcnorm.__version__ / ARCH
-
-
-def entries(root):
-    d = arch_dir(root)
-    return sorted(d.glob("*.bin")) if d.is_dir() else []
-
-
-def leftovers(root):
-    return [p for p in Path(root).rglob("*") if ".tmp" in p.name]
-
-
-def mode_of(path):
-    return stat.S_IMODE(os.stat(path).st_mode)
+from cache_driver import (
+    ARCH,
+    SMALL_SPEC,
+    SPEC,
+    WARNING,
+    arch_dir,
+    copy_cache,
+    entries,
+    finish,
+    leftovers,
+    mode_of,
+    run,
+    start,
+    warning_count,
+)
 
 
 @pytest.fixture(scope="session")
@@ -121,11 +41,6 @@ def seeded(tmp_path_factory):
     result = run(root)
     assert "error" not in result, result["error"]
     return root, len(result["lines"]), result
-
-
-def copy_cache(src, dst):
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
 
 
 def test_cold_process_writes_private_entries_and_warm_process_reads_them(seeded):
@@ -245,8 +160,8 @@ def test_unusable_cache_dir_warns_once_and_stays_in_memory(tmp_path, seeded, set
 
 def test_racing_processes_leave_one_valid_entry_per_key(tmp_path, seeded):
     root = tmp_path / "cache"
-    procs = [_start(root), _start(root)]
-    results = [_finish(p) for p in procs]
+    procs = [start(root), start(root)]
+    results = [finish(p) for p in procs]
     k = seeded[1]
     for r in results:
         r.update(r["steps"][0])
@@ -285,6 +200,16 @@ def test_bogus_nvrtc_path_is_a_clear_error_naming_the_variable(tmp_path, kind):
     assert str(target) in result["error"]
 
 
+def test_a_library_without_nvrtc_symbols_is_named_in_the_error(tmp_path):
+    """A loadable library that is not NVRTC (here torch's libc10): the error
+    names the file that was loaded."""
+    target = Path(torch.__file__).parent / "lib" / "libc10.so"
+    result = run(tmp_path / "cache", dict(SPEC, steps=[{"do": "info"}]), RTCNORM_NVRTC_PATH=target)
+    assert "error" in result
+    assert "has no symbol nvrtcVersion" in result["error"]
+    assert str(target) in result["error"], result["error"]
+
+
 @pytest.mark.parametrize("use_folder", [True, False], ids=["folder", "file"])
 def test_nvrtc_path_pointing_at_the_real_library_works(tmp_path, use_folder):
     lib = rtcnorm.jit.nvrtc_info()["path"]
@@ -321,20 +246,109 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert rtcnorm.jit.cache_dir() == f"{tmp_path}/home/.cache/rtcnorm/{version}"
+    monkeypatch.delenv("HOME")
+    assert rtcnorm.jit.cache_dir() == f"/tmp/rtcnorm-{os.geteuid()}/{version}"
+    # A relative folder is taken from the working directory (D4), "." and "//" dropped.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RTCNORM_CACHE_DIR", "rel/./x//")
+    assert rtcnorm.jit.cache_dir() == f"{os.getcwd()}/rel/x/{version}"
+
+
+@pytest.mark.parametrize(
+    ("value", "enabled"),
+    [("1", False), ("true", False), ("TRUE", False), ("Yes", False), (" on ", False)]
+    + [("", True), ("0", True), ("false", True), ("No", True), ("OFF", True)],
+)
+def test_disable_disk_cache_accepts_the_usual_spellings(monkeypatch, value, enabled):
+    monkeypatch.setenv("RTCNORM_DISABLE_DISK_CACHE", value)
+    assert rtcnorm.jit._C.disk_cache_enabled() is enabled
+
+
+def test_a_misspelt_disable_disk_cache_value_warns_and_keeps_the_cache(tmp_path):
+    result = run(tmp_path / "cache", SMALL_SPEC, RTCNORM_DISABLE_DISK_CACHE="maybe")
+    assert "error" not in result, result["error"]
+    assert result["stats"]["disk_writes"] == len(result["lines"]) > 0
+    assert any("RTCNORM_DISABLE_DISK_CACHE='maybe' is not understood" in w for w in result["warnings"])
+
+
+MEMORY_KW = dict(hidden_sizes=[3], dtypes=[torch.float32], modes=["static_persistent"], archs=["sm_90"])
 
 
 def test_second_precompile_in_a_process_is_served_from_memory():
-    kwargs = dict(hidden_sizes=[3], dtypes=[torch.float32], modes=["static_persistent"], archs=["sm_90"])
-    first = rtcnorm.jit.precompile("layer_norm", **kwargs)
+    first = rtcnorm.jit.precompile("layer_norm", **MEMORY_KW)
     before = rtcnorm.jit.stats()
-    second = rtcnorm.jit.precompile("layer_norm", **kwargs)
+    second = rtcnorm.jit.precompile("layer_norm", **MEMORY_KW)
     after = rtcnorm.jit.stats()
     assert len(second) == len(first) > 0
     assert all(line.endswith(" sm_90 cached") for line in second)
     for counter in ("compiles", "disk_hits", "disk_misses", "disk_writes"):
         assert after[counter] == before[counter], counter
+    # The cached checks show in stats(): one image hit a line.
+    assert after["image_hits"] - before["image_hits"] == len(second)
     rtcnorm.jit.reset_stats()
     assert all(v == 0 for v in rtcnorm.jit.stats().values())
+
+
+def test_precompile_lists_and_counts_each_distinct_kernel_once():
+    """Repeated sizes and dtypes (and the float32 dW reducer that float16 and
+    bfloat16 input share) give each kernel one line and one count."""
+    kw = dict(MEMORY_KW, hidden_sizes=[3, 3, 3], dtypes=[torch.float32, torch.float32])
+    before = rtcnorm.jit.stats()
+    lines = rtcnorm.jit.precompile("layer_norm", **kw)
+    after = rtcnorm.jit.stats()
+    assert len(lines) == len(set(lines)) == len(rtcnorm.jit.precompile("layer_norm", **MEMORY_KW))
+    counted = sum(after[c] - before[c] for c in ("compiles", "disk_hits", "image_hits"))
+    assert counted == len(lines)
+
+
+def test_precompile_reports_progress_on_the_calling_thread():
+    calls = []
+    lines = rtcnorm.jit.precompile(
+        "layer_norm", **MEMORY_KW, threads=2, progress=lambda d, t: calls.append((d, t, threading.get_ident()))
+    )
+    assert [(d, t) for d, t, _ in calls] == [(i, len(lines)) for i in range(1, len(lines) + 1)]
+    assert {ident for _, _, ident in calls} == {threading.get_ident()}
+
+
+def test_an_exception_in_progress_stops_precompile():
+    class Stop(Exception):
+        pass
+
+    def progress(done, total):
+        raise Stop(f"{done}/{total}")
+
+    before = rtcnorm.jit.stats()["compiles"]
+    kw = dict(MEMORY_KW, hidden_sizes=[5], archs=["sm_80"])
+    with pytest.raises(Stop, match=r"^1/\d+$"):
+        rtcnorm.jit.precompile("layer_norm", **kw, threads=1, progress=progress)
+    # The one worker finishes at most the kernel it had started.
+    assert rtcnorm.jit.stats()["compiles"] - before <= 2
+    with pytest.raises(TypeError, match="progress must be None or a callable"):
+        rtcnorm.jit.precompile("layer_norm", **kw, progress=3)
+
+
+def test_precompile_warnings_go_through_python_warnings(tmp_path):
+    """The unusable-cache warning raised on a compiler thread reaches the
+    caller's warnings filter, not stderr."""
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    os.chmod(root, 0o770)
+    result = run(root, SMALL_SPEC)
+    assert "error" not in result, result["error"]
+    assert sum(WARNING in w for w in result["warnings"]) == 1
+    assert WARNING not in result["stderr"]
+
+
+def test_every_public_name_of_jit_has_a_docstring():
+    names = [n for n in dir(rtcnorm.jit) if not n.startswith("_")]
+    funcs = [
+        n for n in names if callable(getattr(rtcnorm.jit, n)) and getattr(rtcnorm.jit, n).__module__ == "rtcnorm.jit"
+    ]
+    assert {"cache_dir", "clear_cache", "stats", "reset_stats", "nvrtc_info", "precompile"} <= set(funcs)
+    for n in funcs:
+        doc = inspect.getdoc(getattr(rtcnorm.jit, n)) or ""
+        assert len(doc.split()) >= 15, f"rtcnorm.jit.{n} has too short a docstring: {doc!r}"
+    assert len((inspect.getdoc(rtcnorm.jit) or "").split()) >= 50
 
 
 def test_nvrtc_info_reports_a_usable_library():

@@ -295,7 +295,17 @@ def test_precompile_rejects_bad_arguments():
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], archs=["hopper"])
     with pytest.raises(RuntimeError, match="sm_70 is not supported"):
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], dtypes=[torch.float32], archs=["sm_70"])
-    with pytest.raises(ValueError, match="hidden sizes must be >= 1"):
+    with pytest.raises(ValueError, match=r"hidden_sizes must hold row lengths from 1 to 16777216 .*got 0$"):
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[0])
+    with pytest.raises(ValueError, match=rf"hidden_sizes must hold row lengths .*got {2**63}$"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[2**63])
+    with pytest.raises(ValueError, match=r"hidden_sizes must hold row lengths .*got 16777217$"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[2**24 + 1])
+    with pytest.raises(TypeError, match=r"hidden_sizes must hold integers, got 8\.5$"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[8.5])
+    with pytest.raises(TypeError, match=r"hidden_sizes must be an iterable of integers, got 4096$"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=4096)
+    with pytest.raises(TypeError, match=r"threads must be an integer \(0: one per CPU core\), got 2\.0$"):
+        rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], threads=2.0)
     with pytest.raises(TypeError, match="dtype must be"):
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], dtypes=[torch.float64])

@@ -2,21 +2,21 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/hash.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
-#include <cerrno>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <random>
+#include <ctime>
 #include <sstream>
 
 #include "jit/embedded_sources.h"
+#include "jit/safe_dir.h"
 
 #ifndef RTCNORM_VERSION
 #define RTCNORM_VERSION "0.0.0"
@@ -26,13 +26,22 @@ namespace rtcnorm::jit {
 namespace {
 
 constexpr char kMagic[8] = {'R', 'T', 'C', 'N', 'O', 'R', 'M', '1'};
-std::atomic<bool> g_warned{false};
-std::atomic<bool> g_broken{false};  // set after an I/O failure: memory only from then on
+constexpr time_t kStaleTempSeconds = 24 * 3600;  // a temp file this old has no writer left
+std::atomic<bool> g_warned_unavailable{false}, g_warned_write{false}, g_warned_env{false};
 
-void warn_once(const std::string& what) {
-  if (!g_warned.exchange(true))
-    TORCH_WARN("rtcnorm: the kernel disk cache is unavailable (", what,
-               "); compiled kernels are kept in memory only for this process.");
+void warn_unavailable(const std::string& why) {
+  if (!g_warned_unavailable.exchange(true))
+    TORCH_WARN("rtcnorm: the kernel disk cache is unavailable (", why,
+               "); compiled kernels are kept in memory only for this process. Every folder from the cache root "
+               "down must be a real folder (not a symlink) owned by you and not writable by group or others; set "
+               "RTCNORM_CACHE_DIR to such a folder (docs/cache.md).");
+}
+
+void warn_write(const std::string& why) {
+  if (!g_warned_write.exchange(true))
+    TORCH_WARN("rtcnorm: a kernel could not be stored in the disk cache (", why,
+               "); it is kept in memory for this process and later kernels are still stored. Further write "
+               "failures are not reported.");
 }
 
 std::string env_or_empty(const char* name) {
@@ -40,57 +49,33 @@ std::string env_or_empty(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
-// Creates each missing component of `path` with mode 0700, then checks that
-// the leaf is a folder owned by us and not writable by group or others.
-bool ensure_private_dir(const std::string& path, std::string* why) {
-  std::string partial;
-  std::stringstream ss(path);
-  std::string part;
-  if (!path.empty() && path[0] == '/') partial = "";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    partial += "/" + part;
-    if (mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-      *why = "cannot create " + partial + ": " + std::strerror(errno);
-      return false;
-    }
-  }
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *why = path + " is not a folder";
-    return false;
-  }
-  if (st.st_uid != geteuid()) {
-    *why = path + " is owned by another user";
-    return false;
-  }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    *why = path + " is writable by group or others";
-    return false;
-  }
-  if (access(path.c_str(), W_OK | X_OK) != 0) {
-    *why = path + " is not writable";
-    return false;
-  }
-  return true;
+// The cache root the environment names, absolute; the trust checks start here.
+std::string cache_base() {
+  const std::string dir = env_or_empty("RTCNORM_CACHE_DIR");
+  if (!dir.empty()) return absolute_path(dir);
+  const std::string xdg = env_or_empty("XDG_CACHE_HOME");
+  if (!xdg.empty()) return absolute_path(xdg + "/rtcnorm");
+  const std::string home = env_or_empty("HOME");
+  if (!home.empty()) return absolute_path(home + "/.cache/rtcnorm");
+  return "/tmp/rtcnorm-" + std::to_string(geteuid());
 }
 
-std::string arch_dir(int arch) { return disk_cache_root() + "/sm_" + std::to_string(arch); }
+std::string arch_name(int arch) { return "sm_" + std::to_string(arch); }
+std::string entry_name(const std::string& key_text) { return c10::sha1(key_text).str() + ".bin"; }
 
-std::string entry_path(const KernelKey& key, const std::string& key_text) {
-  return arch_dir(key.arch) + "/" + c10::sha1(key_text).str() + ".bin";
+bool is_hex40(const std::string& name) {
+  return name.size() >= 40 && std::all_of(name.begin(), name.begin() + 40, [](char c) {
+           return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+         });
 }
+bool is_entry_name(const std::string& n) { return n.size() == 44 && is_hex40(n) && n.compare(40, 4, ".bin") == 0; }
+bool is_temp_name(const std::string& n) { return is_hex40(n) && n.compare(40, 9, ".bin.tmp.") == 0; }
 
-// Returns the arch folder when usable; warns once and returns "" otherwise.
-std::string usable_dir(const KernelKey& key) {
-  if (!disk_cache_enabled()) return "";
-  const std::string dir = arch_dir(key.arch);
-  std::string why;
-  if (!ensure_private_dir(dir, &why)) {
-    warn_once(why);
-    return "";
-  }
-  return dir;
+// The verified sm_XX folder; warns once when the tree is unsafe or unusable.
+PrivateDir arch_dir(int arch, bool create) {
+  PrivateDir d = open_private_dir(cache_base(), {RTCNORM_VERSION, arch_name(arch)}, create);
+  if (d.status == DirStatus::kUnsafe || d.status == DirStatus::kError) warn_unavailable(d.why);
+  return d;
 }
 
 void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
@@ -138,18 +123,21 @@ class Reader {
 
 }  // namespace
 
-std::string disk_cache_root() {
-  std::string root = env_or_empty("RTCNORM_CACHE_DIR");
-  if (root.empty()) {
-    const std::string xdg = env_or_empty("XDG_CACHE_HOME");
-    const std::string home = env_or_empty("HOME");
-    root = !xdg.empty() ? xdg + "/rtcnorm"
-                        : (!home.empty() ? home + "/.cache/rtcnorm" : "/tmp/rtcnorm-" + std::to_string(geteuid()));
-  }
-  return root + "/" + RTCNORM_VERSION;
-}
+std::string disk_cache_root() { return cache_base() + "/" + RTCNORM_VERSION; }
 
-bool disk_cache_enabled() { return env_or_empty("RTCNORM_DISABLE_DISK_CACHE") != "1" && !g_broken.load(); }
+bool disk_cache_enabled() {
+  const std::string raw = env_or_empty("RTCNORM_DISABLE_DISK_CACHE");
+  std::string v;
+  for (char c : raw)
+    if (!std::isspace(static_cast<unsigned char>(c))) v.push_back(static_cast<char>(std::tolower(c)));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return false;
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return true;
+  if (!g_warned_env.exchange(true))
+    TORCH_WARN("rtcnorm: RTCNORM_DISABLE_DISK_CACHE='", raw,
+               "' is not understood; use 1, true, yes or on to turn the disk cache off, or 0, false, no, off or "
+               "nothing to keep it on. The disk cache stays on.");
+  return true;
+}
 
 std::string disk_key_text(const KernelKey& key) {
   std::string target;
@@ -164,12 +152,15 @@ std::string disk_key_text(const KernelKey& key) {
   return os.str();
 }
 
-DiskLookup disk_cache_load(const KernelKey& key, const std::string& key_text, CompiledKernel* out) {
-  if (usable_dir(key).empty()) return DiskLookup::kDisabled;
-  const std::string path = entry_path(key, key_text);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return DiskLookup::kMiss;
-  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+DiskLookup disk_cache_load(int arch, const std::string& key_text, CompiledKernel* out) {
+  if (!disk_cache_enabled()) return DiskLookup::kDisabled;
+  const PrivateDir dir = arch_dir(arch, /*create=*/false);
+  if (dir.status == DirStatus::kMissing) return DiskLookup::kMiss;
+  if (dir.status != DirStatus::kOk) return DiskLookup::kDisabled;
+  std::string data, why;
+  const FileStatus fs = read_private_file(dir.fd.get(), entry_name(key_text), &data, &why);
+  if (fs == FileStatus::kMissing) return DiskLookup::kMiss;
+  if (fs == FileStatus::kRejected) return DiskLookup::kCorrupt;
   Reader r(data);
   std::string magic, stored_key, checksum;
   uint8_t is_cubin = 0;
@@ -187,45 +178,28 @@ DiskLookup disk_cache_load(const KernelKey& key, const std::string& key_text, Co
   return DiskLookup::kHit;
 }
 
-bool disk_cache_store(const KernelKey& key, const std::string& key_text, const CompiledKernel& k) {
-  const std::string dir = usable_dir(key);
-  if (dir.empty()) return false;
+bool disk_cache_store(int arch, const std::string& key_text, const CompiledKernel& k) {
+  if (!disk_cache_enabled()) return false;
+  const PrivateDir dir = arch_dir(arch, /*create=*/true);
+  if (dir.status != DirStatus::kOk) return false;
   std::string body = serialize_body(key_text, k);
   body += c10::sha1(body).str();
-  const std::string final_path = entry_path(key, key_text);
-  std::random_device rd;
-  const std::string tmp = final_path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(rd());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    warn_once("cannot write " + tmp + ": " + std::strerror(errno));
-    g_broken = true;
-    return false;
-  }
-  size_t done = 0;
-  while (done < body.size()) {
-    const ssize_t n = write(fd, body.data() + done, body.size() - done);
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  const bool ok = done == body.size() && fsync(fd) == 0;
-  close(fd);
-  if (!ok || rename(tmp.c_str(), final_path.c_str()) != 0) {
-    warn_once("cannot write " + final_path + ": " + std::strerror(errno));
-    unlink(tmp.c_str());
-    g_broken = true;
-    return false;
-  }
-  return true;
+  std::string why;
+  if (write_file_atomic(dir.fd.get(), entry_name(key_text), body, &why)) return true;
+  warn_write(why + " in " + dir.path);
+  return false;
 }
 
-DiskEntryLock::DiskEntryLock(const KernelKey& key, const std::string& key_text) {
-  if (usable_dir(key).empty()) return;
-  const std::string path = entry_path(key, key_text) + ".lock";
-  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd_ >= 0 && flock(fd_, LOCK_EX) != 0) {
-    close(fd_);
-    fd_ = -1;
-  }
+DiskEntryLock::DiskEntryLock(int arch, const std::string& key_text) {
+  if (!disk_cache_enabled()) return;
+  const PrivateDir dir = arch_dir(arch, /*create=*/true);
+  if (dir.status != DirStatus::kOk) return;
+  const std::string name = entry_name(key_text) + ".lock";
+  Fd f(openat(dir.fd.get(), name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+  struct stat st {};
+  if (!f.ok() || fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode) || flock(f.get(), LOCK_EX) != 0) return;
+  fd_ = dup(f.get());
+  if (fd_ < 0) flock(f.get(), LOCK_UN);
 }
 
 DiskEntryLock::~DiskEntryLock() {
@@ -236,25 +210,31 @@ DiskEntryLock::~DiskEntryLock() {
 }
 
 int disk_cache_clear() {
-  const std::string root = disk_cache_root();
+  const PrivateDir version = open_private_dir(cache_base(), {RTCNORM_VERSION}, /*create=*/false);
+  if (version.status == DirStatus::kMissing) return 0;
+  if (version.status != DirStatus::kOk) {
+    warn_unavailable(version.why);
+    return 0;
+  }
   int removed = 0;
-  DIR* top = opendir(root.c_str());
-  if (top == nullptr) return 0;
-  while (dirent* a = readdir(top)) {
-    const std::string sub = a->d_name;
+  const time_t now = time(nullptr);
+  for (const std::string& sub : list_names(version.fd.get())) {
     if (sub.rfind("sm_", 0) != 0) continue;
-    const std::string dir = root + "/" + sub;
-    if (DIR* d = opendir(dir.c_str())) {
-      while (dirent* e = readdir(d)) {
-        const std::string name = e->d_name;
-        if (name == "." || name == "..") continue;
-        if (unlink((dir + "/" + name).c_str()) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0)
-          ++removed;
-      }
-      closedir(d);
+    const PrivateDir dir = open_private_subdir(version, sub, /*create=*/false);
+    if (dir.status != DirStatus::kOk) {
+      if (dir.status != DirStatus::kMissing) warn_unavailable(dir.why);
+      continue;
+    }
+    // unlinkat never follows a symlink, and names hold no '/': nothing outside dir is touched.
+    for (const std::string& name : list_names(dir.fd.get())) {
+      const bool entry = is_entry_name(name);
+      if (!entry && !is_temp_name(name)) continue;
+      struct stat st {};
+      if (fstatat(dir.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (!entry && now - st.st_mtime < kStaleTempSeconds) continue;
+      if (unlinkat(dir.fd.get(), name.c_str(), 0) == 0 && entry) ++removed;
     }
   }
-  closedir(top);
   return removed;
 }
 

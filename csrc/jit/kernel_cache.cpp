@@ -11,7 +11,6 @@
 #include <future>
 #include <mutex>
 #include <shared_mutex>
-#include <thread>
 #include <unordered_map>
 
 #include "jit/disk_cache.h"
@@ -23,8 +22,8 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct AtomicStats {
-  std::atomic<uint64_t> memory_hits{0}, memory_misses{0}, disk_hits{0}, disk_misses{0}, disk_corrupt{0}, disk_writes{0},
-      compiles{0}, module_loads{0};
+  std::atomic<uint64_t> memory_hits{0}, memory_misses{0}, image_hits{0}, disk_hits{0}, disk_misses{0}, disk_corrupt{0},
+      disk_writes{0}, compiles{0}, module_loads{0};
   std::atomic<uint64_t> compile_us{0}, disk_load_us{0}, module_load_us{0};
 };
 AtomicStats g_stats;
@@ -42,7 +41,7 @@ ImagePtr load_or_compile(const KernelKey& key, bool* compiled) {
   const std::string key_text = disk_key_text(key);
   CompiledKernel k;
   auto t0 = Clock::now();
-  DiskLookup r = disk_cache_load(key, key_text, &k);
+  DiskLookup r = disk_cache_load(key.arch, key_text, &k);
   if (r == DiskLookup::kHit) {
     g_stats.disk_hits++;
     add_ms(g_stats.disk_load_us, ms_since(t0));
@@ -51,9 +50,9 @@ ImagePtr load_or_compile(const KernelKey& key, bool* compiled) {
   if (r == DiskLookup::kCorrupt) g_stats.disk_corrupt++;
   if (r != DiskLookup::kDisabled) {
     // Another process may be compiling the same entry: wait for it, re-check.
-    DiskEntryLock lock(key, key_text);
+    DiskEntryLock lock(key.arch, key_text);
     t0 = Clock::now();
-    r = disk_cache_load(key, key_text, &k);
+    r = disk_cache_load(key.arch, key_text, &k);
     if (r == DiskLookup::kHit) {
       g_stats.disk_hits++;
       add_ms(g_stats.disk_load_us, ms_since(t0));
@@ -65,7 +64,7 @@ ImagePtr load_or_compile(const KernelKey& key, bool* compiled) {
     g_stats.compiles++;
     add_ms(g_stats.compile_us, ms_since(t0));
     *compiled = true;
-    if (disk_cache_store(key, key_text, k)) g_stats.disk_writes++;
+    if (disk_cache_store(key.arch, key_text, k)) g_stats.disk_writes++;
     return std::make_shared<const CompiledKernel>(std::move(k));
   }
   t0 = Clock::now();
@@ -76,7 +75,9 @@ ImagePtr load_or_compile(const KernelKey& key, bool* compiled) {
   return std::make_shared<const CompiledKernel>(std::move(k));
 }
 
-ImagePtr compiled_image_impl(const KernelKey& key, bool* compiled) {
+}  // namespace
+
+ImagePtr compiled_image(const KernelKey& key, bool* compiled) {
   *compiled = false;
   std::promise<ImagePtr> promise;
   std::shared_future<ImagePtr> existing;
@@ -91,7 +92,10 @@ ImagePtr compiled_image_impl(const KernelKey& key, bool* compiled) {
       owner = true;
     }
   }
-  if (!owner) return existing.get();  // rethrows the builder's error
+  if (!owner) {
+    g_stats.image_hits++;
+    return existing.get();  // rethrows the builder's error
+  }
   try {
     ImagePtr p = load_or_compile(key, compiled);
     promise.set_value(p);
@@ -105,6 +109,8 @@ ImagePtr compiled_image_impl(const KernelKey& key, bool* compiled) {
     throw;
   }
 }
+
+namespace {
 
 // ---- per-device loaded functions -------------------------------------------
 
@@ -194,7 +200,7 @@ bool stream_is_capturing(int device, CUstream stream) {
 
 std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key) {
   bool compiled = false;
-  return compiled_image_impl(key, &compiled);
+  return compiled_image(key, &compiled);
 }
 
 const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream, size_t dyn_smem) {
@@ -290,6 +296,7 @@ JitStats stats() {
   JitStats s;
   s.memory_hits = g_stats.memory_hits.load();
   s.memory_misses = g_stats.memory_misses.load();
+  s.image_hits = g_stats.image_hits.load();
   s.disk_hits = g_stats.disk_hits.load();
   s.disk_misses = g_stats.disk_misses.load();
   s.disk_corrupt = g_stats.disk_corrupt.load();
@@ -303,9 +310,9 @@ JitStats stats() {
 }
 
 void reset_stats() {
-  for (auto* c : {&g_stats.memory_hits, &g_stats.memory_misses, &g_stats.disk_hits, &g_stats.disk_misses,
-                  &g_stats.disk_corrupt, &g_stats.disk_writes, &g_stats.compiles, &g_stats.module_loads,
-                  &g_stats.compile_us, &g_stats.disk_load_us, &g_stats.module_load_us})
+  for (auto* c : {&g_stats.memory_hits, &g_stats.memory_misses, &g_stats.image_hits, &g_stats.disk_hits,
+                  &g_stats.disk_misses, &g_stats.disk_corrupt, &g_stats.disk_writes, &g_stats.compiles,
+                  &g_stats.module_loads, &g_stats.compile_us, &g_stats.disk_load_us, &g_stats.module_load_us})
     c->store(0);
 }
 
@@ -315,31 +322,6 @@ int clear_cache() {
     g_images.clear();
   }
   return disk_cache_clear();
-}
-
-std::vector<std::string> precompile_keys(const std::vector<KernelKey>& keys, int threads) {
-  std::vector<std::string> lines(keys.size());
-  std::vector<std::exception_ptr> errors(keys.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < keys.size(); i = next++) {
-      try {
-        bool compiled = false;
-        auto img = compiled_image_impl(keys[i], &compiled);
-        lines[i] = keys[i].name_expression() + " " + img->target + (compiled ? " compiled" : " cached");
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    }
-  };
-  int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  n = std::max(1, std::min<int>(n, static_cast<int>(keys.size())));
-  std::vector<std::thread> pool;
-  for (int i = 0; i < n; ++i) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return lines;
 }
 
 }  // namespace rtcnorm::jit

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +55,10 @@ struct LoadedKernel {
 const LoadedKernel& get_kernel(const KernelKey& key, int device, CUstream stream, size_t dyn_smem);
 
 // The compiled image for key (key.arch decides the target); no GPU needed.
+// *compiled tells whether this call compiled it (rather than finding it in
+// memory or on disk).
 std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key);
+std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key, bool* compiled);
 
 // Launches `k` with a single by-value parameter block; a cluster kernel's
 // grid_x must be a multiple of k.cluster. `programmatic` (honoured on sm_90+
@@ -76,6 +80,7 @@ bool stream_is_capturing(int device, CUstream stream);
 struct JitStats {
   uint64_t memory_hits = 0;
   uint64_t memory_misses = 0;
+  uint64_t image_hits = 0;  // compiled images found in this process (a repeated precompile, another device)
   uint64_t disk_hits = 0;
   uint64_t disk_misses = 0;
   uint64_t disk_corrupt = 0;
@@ -94,8 +99,17 @@ void reset_stats();
 // may be in use by queued work) and the disk entries; returns disk entries removed.
 int clear_cache();
 
-// Compiles keys on `threads` worker threads (0: hardware concurrency).
-// Returns one line per key: "<kernel> <target> <compiled|cached>".
-std::vector<std::string> precompile_keys(const std::vector<KernelKey>& keys, int threads);
+// Compiles the distinct keys of `keys` (in first-seen order) on `threads`
+// worker threads (0: hardware concurrency). Returns one line per distinct
+// key: "<kernel> <target> <compiled|cached>".
+// - on_done(done, total) runs on the calling thread after each kernel
+//   finishes or fails. If it throws, no further kernel is started, the
+//   workers are joined and its exception propagates.
+// - Warnings raised on the workers are collected into *warnings (when given)
+//   instead of going to the process's warning handler.
+// - A kernel's failure is thrown after every kernel has run.
+std::vector<std::string> precompile_keys(const std::vector<KernelKey>& keys, int threads,
+                                         const std::function<void(size_t, size_t)>& on_done = {},
+                                         std::vector<std::string>* warnings = nullptr);
 
 }  // namespace rtcnorm::jit

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 #include <cctype>
@@ -65,10 +66,22 @@ void* open_in_dir(const std::string& dir, std::vector<std::string>& tried) {
   return nullptr;
 }
 
+// The file a dlopen handle was loaded from ("libnvrtc.so.12" found by the
+// system loader becomes its full path).
+std::string loaded_path(void* lib, const std::string& fallback) {
+  link_map* map = nullptr;
+  if (dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr && *map->l_name != '\0')
+    return map->l_name;
+  return fallback;
+}
+
 template <typename F>
-void bind(void* lib, const char* name, F& fn) {
+void bind(void* lib, const std::string& path, const char* name, F& fn) {
   fn = reinterpret_cast<F>(dlsym(lib, name));
-  TORCH_CHECK(fn != nullptr, "rtcnorm: the NVRTC library has no symbol ", name);
+  if (fn != nullptr) return;
+  dlclose(lib);
+  TORCH_CHECK(false, "rtcnorm: the library loaded as NVRTC from ", path, " has no symbol ", name,
+              "; it is not NVRTC or too old a version. Point RTCNORM_NVRTC_PATH at libnvrtc.so (CUDA 11.2+).");
 }
 
 LoadedNvrtc load_nvrtc() {
@@ -102,26 +115,26 @@ LoadedNvrtc load_nvrtc() {
                 c10::Join("; ", tried));
   }
 
+  const std::string path = loaded_path(lib, "libnvrtc");
   LoadedNvrtc n;
   auto& a = n.api;
-  bind(lib, "nvrtcVersion", a.nvrtcVersion);
-  bind(lib, "nvrtcGetNumSupportedArchs", a.nvrtcGetNumSupportedArchs);
-  bind(lib, "nvrtcGetSupportedArchs", a.nvrtcGetSupportedArchs);
-  bind(lib, "nvrtcCreateProgram", a.nvrtcCreateProgram);
-  bind(lib, "nvrtcDestroyProgram", a.nvrtcDestroyProgram);
-  bind(lib, "nvrtcAddNameExpression", a.nvrtcAddNameExpression);
-  bind(lib, "nvrtcCompileProgram", a.nvrtcCompileProgram);
-  bind(lib, "nvrtcGetLoweredName", a.nvrtcGetLoweredName);
-  bind(lib, "nvrtcGetProgramLogSize", a.nvrtcGetProgramLogSize);
-  bind(lib, "nvrtcGetProgramLog", a.nvrtcGetProgramLog);
-  bind(lib, "nvrtcGetCUBINSize", a.nvrtcGetCUBINSize);
-  bind(lib, "nvrtcGetCUBIN", a.nvrtcGetCUBIN);
-  bind(lib, "nvrtcGetPTXSize", a.nvrtcGetPTXSize);
-  bind(lib, "nvrtcGetPTX", a.nvrtcGetPTX);
-  bind(lib, "nvrtcGetErrorString", a.nvrtcGetErrorString);
+  bind(lib, path, "nvrtcVersion", a.nvrtcVersion);
+  bind(lib, path, "nvrtcGetNumSupportedArchs", a.nvrtcGetNumSupportedArchs);
+  bind(lib, path, "nvrtcGetSupportedArchs", a.nvrtcGetSupportedArchs);
+  bind(lib, path, "nvrtcCreateProgram", a.nvrtcCreateProgram);
+  bind(lib, path, "nvrtcDestroyProgram", a.nvrtcDestroyProgram);
+  bind(lib, path, "nvrtcAddNameExpression", a.nvrtcAddNameExpression);
+  bind(lib, path, "nvrtcCompileProgram", a.nvrtcCompileProgram);
+  bind(lib, path, "nvrtcGetLoweredName", a.nvrtcGetLoweredName);
+  bind(lib, path, "nvrtcGetProgramLogSize", a.nvrtcGetProgramLogSize);
+  bind(lib, path, "nvrtcGetProgramLog", a.nvrtcGetProgramLog);
+  bind(lib, path, "nvrtcGetCUBINSize", a.nvrtcGetCUBINSize);
+  bind(lib, path, "nvrtcGetCUBIN", a.nvrtcGetCUBIN);
+  bind(lib, path, "nvrtcGetPTXSize", a.nvrtcGetPTXSize);
+  bind(lib, path, "nvrtcGetPTX", a.nvrtcGetPTX);
+  bind(lib, path, "nvrtcGetErrorString", a.nvrtcGetErrorString);
 
-  Dl_info dl{};
-  n.info.path = dladdr(reinterpret_cast<void*>(a.nvrtcVersion), &dl) && dl.dli_fname ? dl.dli_fname : "libnvrtc";
+  n.info.path = path;
   a.nvrtcVersion(&n.info.major, &n.info.minor);
   int count = 0;
   a.nvrtcGetNumSupportedArchs(&count);

@@ -20,6 +20,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(const at::Tensor& inpu
                                                           const std::optional<at::Tensor>& bias, double eps,
                                                           std::optional<c10::string_view> mode,
                                                           bool zero_centered_gamma) {
+  check_norm_forward("layer_norm", input, std::nullopt, c10::fromIntArrayRefSlow(normalized_shape), weight, bias, eps,
+                     mode, input.is_cuda());
   const NormMode m = parse_mode(mode, "layer_norm");
   NormFwdOutputs o = kCuda ? norm_forward_cuda(kLayerNorm, "layer_norm", input, std::nullopt, normalized_shape, weight,
                                                bias, eps, m, zero_centered_gamma)
@@ -33,6 +35,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, at::IntArrayRef normalized_shape,
     bool zero_centered_gamma, bool weight_grad, bool bias_grad) {
+  check_norm_backward(kLayerNorm, "layer_norm_backward", grad_out, input, mean, rstd, weight, bias,
+                      c10::fromIntArrayRefSlow(normalized_shape), std::nullopt, input.is_cuda());
   auto fn = kCuda ? norm_backward_cuda : norm_backward_cpu;
   auto o = fn(kLayerNorm, "layer_norm_backward", grad_out, input, mean, rstd, weight, bias, normalized_shape,
               zero_centered_gamma, weight_grad, bias_grad, std::nullopt);

@@ -10,10 +10,9 @@
 
 #include "jit/kernel_cache.h"
 #include "ops/grid_exchange_buffers.h"
+#include "ops/norm_plan_memo.h"
 
 namespace rtcnorm {
-
-bool is_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
 jit::DType to_dtype(at::ScalarType t) {
   switch (t) {
@@ -25,20 +24,6 @@ jit::DType to_dtype(at::ScalarType t) {
       return jit::DType::kFloat32;
   }
 }
-
-namespace {
-
-void check_param(const char* op, const char* name, const at::Tensor& p, const at::Tensor& input,
-                 at::IntArrayRef normalized_shape) {
-  TORCH_CHECK_VALUE(p.sizes() == normalized_shape, "rtcnorm.", op, ": ", name, " must have shape ", normalized_shape,
-                    " (normalized_shape), got ", p.sizes());
-  TORCH_CHECK(p.device() == input.device(), "rtcnorm.", op, ": ", name, " is on ", p.device(), " but input is on ",
-              input.device());
-  TORCH_CHECK_TYPE(p.scalar_type() == input.scalar_type() || p.scalar_type() == at::kFloat, "rtcnorm.", op, ": ", name,
-                   " must have input's dtype (", input.scalar_type(), ") or float32, got ", p.scalar_type());
-}
-
-}  // namespace
 
 int vec_for_ptr(const void* p, int esize, int vmax) {
   int v = vmax;
@@ -110,71 +95,6 @@ int check_device_arch(const at::Tensor& input, const char* op) {
   return dev;
 }
 
-NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
-                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                         const std::optional<at::Tensor>& residual) {
-  TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "rtcnorm.", op,
-                   ": input must be a floating-point tensor (float32, float16 or bfloat16), got ", input.scalar_type());
-  if (input.is_cuda())
-    TORCH_CHECK_TYPE(is_kernel_dtype(input.scalar_type()), "rtcnorm.", op,
-                     ": CUDA input must be float32, float16 or bfloat16, got ", input.scalar_type());
-  const int64_t nd = static_cast<int64_t>(normalized_shape.size());
-  TORCH_CHECK_VALUE(nd >= 1, "rtcnorm.", op, ": normalized_shape must name at least one dim");
-  TORCH_CHECK_VALUE(input.dim() >= nd && input.sizes().slice(input.dim() - nd) == normalized_shape, "rtcnorm.", op,
-                    ": normalized_shape ", normalized_shape, " must match the trailing dims of input, got input of ",
-                    "shape ", input.sizes());
-  NormDims d;
-  d.lead = input.dim() - nd;
-  d.hidden = 1;
-  for (int64_t s : normalized_shape) d.hidden *= s;
-  d.rows = 1;
-  for (int64_t i = 0; i < d.lead; ++i) d.rows *= input.size(i);
-  TORCH_CHECK_VALUE(d.hidden >= 1, "rtcnorm.", op, ": normalized_shape must not contain a zero, got ",
-                    normalized_shape);
-  TORCH_CHECK_VALUE(d.hidden <= (int64_t(1) << 24), "rtcnorm.", op,
-                    ": rows of more than 16777216 elements are not supported, got ", d.hidden);
-  if (weight.has_value()) check_param(op, "weight", *weight, input, normalized_shape);
-  if (bias.has_value()) check_param(op, "bias", *bias, input, normalized_shape);
-  if (weight.has_value() && bias.has_value())
-    TORCH_CHECK_TYPE(weight->scalar_type() == bias->scalar_type(), "rtcnorm.", op,
-                     ": weight and bias must share a dtype, got ", weight->scalar_type(), " and ", bias->scalar_type());
-  if (residual.has_value()) check_like_input(op, "residual", *residual, input);
-  return d;
-}
-
-void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input) {
-  TORCH_CHECK_VALUE(t.sizes() == input.sizes(), "rtcnorm.", op, ": ", name, " must have input's shape ", input.sizes(),
-                    ", got ", t.sizes());
-  TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), "rtcnorm.", op, ": ", name, " must have input's dtype ",
-                   input.scalar_type(), ", got ", t.scalar_type());
-  TORCH_CHECK(t.device() == input.device(), "rtcnorm.", op, ": ", name, " is on ", t.device(), " but input is on ",
-              input.device());
-}
-
-NormDims check_norm_bwd_args(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,
-                             const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
-                             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& grad_h,
-                             at::ScalarType stats) {
-  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, std::nullopt);
-  check_like_input(op, "grad_out", grad_out, input);
-  if (grad_h.has_value()) check_like_input(op, "grad_h", *grad_h, input);
-  TORCH_CHECK_VALUE(rstd.numel() == d.rows && rstd.scalar_type() == stats, "rtcnorm.", op, ": rstd must hold one ",
-                    stats, " per row (", d.rows, "), got ", rstd.numel(), " of ", rstd.scalar_type());
-  if (kind == kLayerNorm)
-    TORCH_CHECK_VALUE(mean.has_value() && mean->numel() == d.rows && mean->scalar_type() == stats, "rtcnorm.", op,
-                      ": mean must hold one ", stats, " per row (", d.rows, ")");
-  return d;
-}
-
-std::vector<int64_t> stat_shape(const at::Tensor& input, int64_t lead) {
-  return std::vector<int64_t>(input.sizes().begin(), input.sizes().begin() + lead);
-}
-
-at::ScalarType stat_dtype(const at::Tensor& input) {
-  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, like.options()); }
 
 // The kernels read x, its row map and the row counts before their first load;
@@ -223,9 +143,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
                                  const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                  double eps, NormMode mode, bool zero_centered) {
-  const NormDims d = check_norm_args(op, input, normalized_shape, weight, bias, residual);
-  TORCH_CHECK_VALUE(eps >= 0 && eps < std::numeric_limits<double>::infinity(), "rtcnorm.", op,
-                    ": eps must be finite and >= 0, got ", eps);
+  const NormDims d = norm_dims(input, normalized_shape);
   c10::DeviceGuard guard(input.device());
   NormFwdOutputs out;
   out.y = at::empty(input.sizes(), input.options());
@@ -278,7 +196,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
 
   const int dev = check_device_arch(input, op);
   const auto& info = jit::device_info(dev);
-  const NormFwdPlan plan = plan_norm_fwd(p, mode, info.sm_count, info.arch);
+  const NormFwdPlan plan = memo_plan_norm_fwd(p, mode, info.sm_count, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
   const int group_ctas = grid_group_ctas(plan.key);
@@ -316,8 +234,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
                                   const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                   at::IntArrayRef normalized_shape, bool zero_centered, bool want_dw, bool want_db,
                                   const std::optional<at::Tensor>& grad_h) {
-  const NormDims d =
-      check_norm_bwd_args(kind, op, grad_out, input, mean, rstd, weight, bias, normalized_shape, grad_h, at::kFloat);
+  const NormDims d = norm_dims(input, normalized_shape);
   want_dw = want_dw && weight.has_value();
   want_db = want_db && bias.has_value();
   c10::DeviceGuard guard(input.device());
@@ -363,7 +280,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
 
   const int dev = check_device_arch(input, op);
   const auto& info = jit::device_info(dev);
-  const NormBwdPlan plan = plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.sm_count, info.arch);
+  const NormBwdPlan plan = memo_plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.sm_count, info.arch);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
   // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.

@@ -1,4 +1,5 @@
-// Argument checking and host launch code shared by RMSNorm and LayerNorm.
+// Host launch code shared by RMSNorm and LayerNorm; their argument checks
+// are in ops/norm_checks.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ops/norm_checks.h"
 #include "ops/norm_plan.h"
 
 namespace rtcnorm::jit {
@@ -17,8 +19,6 @@ struct LoadedKernel;
 namespace rtcnorm {
 
 // ---- shared by every op's CUDA path ----
-// float32, float16 and bfloat16: the element types kernels are built for.
-bool is_kernel_dtype(at::ScalarType t);
 jit::DType to_dtype(at::ScalarType t);
 // Widest access (elements, <= vmax) a base pointer allows for elements of esize bytes.
 int vec_for_ptr(const void* p, int esize, int vmax);
@@ -33,37 +33,12 @@ int check_device_arch(const at::Tensor& input, const char* op);
 // contiguous first because no row map describes them.
 bool rows_single_stride(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t lead);
 
-struct NormDims {
-  int64_t rows = 0;    // product of the leading dims
-  int64_t hidden = 0;  // product of normalized_shape
-  int64_t lead = 0;    // number of leading dims
-};
-
-// Validates a norm call; every message names the op and the argument.
-NormDims check_norm_args(const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
-                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                         const std::optional<at::Tensor>& residual);
-
-// Validates a norm backward call: the forward's checks, grad_out / grad_h like
-// input, and one statistic of dtype `stats` per row.
-NormDims check_norm_bwd_args(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,
-                             const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
-                             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& grad_h,
-                             at::ScalarType stats);
-
-// Checks a gradient (or other per-element tensor) against input's shape/dtype/device.
-void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input);
-
-// Per-row statistics: leading dims of input; float64 for float64 input (CPU
-// gradcheck), float32 otherwise.
-std::vector<int64_t> stat_shape(const at::Tensor& input, int64_t lead);
-at::ScalarType stat_dtype(const at::Tensor& input);
-
 struct NormFwdOutputs {
   at::Tensor y, h, mean, rstd;
 };
 
+// The CUDA paths; the op entries check the arguments first
+// (check_norm_forward / check_norm_backward).
 NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
                                  const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,

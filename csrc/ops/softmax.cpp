@@ -1,6 +1,7 @@
 // torch.ops.rtcnorm.scaled_softmax, scaled_masked_softmax,
 // scaled_upper_triang_masked_softmax, scaled_aligned_causal_masked_softmax
-// and scaled_softmax_backward: argument checks and the CUDA path. Schemas
+// and scaled_softmax_backward: the CUDA path and each op's entry, which
+// checks the arguments (ops/softmax_checks.cpp) before either path. Schemas
 // live in csrc/registration.cpp; autograd and fake implementations in
 // python/rtcnorm/_softmax_ops.py.
 #include "ops/softmax.h"
@@ -49,81 +50,6 @@ SoftmaxKind softmax_kind(SoftmaxOp op) {
     default:
       return kSoftmaxCausal;
   }
-}
-
-namespace {
-
-void check_dtype(const char* op, const char* name, const at::Tensor& t) {
-  const at::ScalarType s = t.scalar_type();
-  if (t.is_cuda()) {
-    TORCH_CHECK_TYPE(is_kernel_dtype(s), "rtcnorm.", op, ": ", name,
-                     " must be float16, bfloat16 or float32 on CUDA, got ", s);
-  } else {
-    TORCH_CHECK_TYPE(is_kernel_dtype(s) || s == at::kDouble, "rtcnorm.", op, ": ", name,
-                     " must be float16, bfloat16, float32 or float64, got ", s);
-  }
-}
-
-SoftmaxDims dims_of(const at::Tensor& t, bool causal) {
-  SoftmaxDims d;
-  d.cols = t.size(-1);
-  d.sq = causal ? t.size(-2) : 1;
-  d.rows = d.cols == 0 ? 0 : t.numel() / d.cols;
-  return d;
-}
-
-}  // namespace
-
-SoftmaxDims check_softmax_input(SoftmaxOp op, const at::Tensor& input, double scale) {
-  const char* name = softmax_op_name(op);
-  check_dtype(name, "input", input);
-  const bool causal = softmax_kind(op) == kSoftmaxCausal;
-  if (causal) {
-    TORCH_CHECK_VALUE(input.dim() >= 2, "rtcnorm.", name, ": input must have at least 2 dims (..., sq, sk), got shape ",
-                      input.sizes());
-  } else {
-    TORCH_CHECK_VALUE(input.dim() >= 1, "rtcnorm.", name,
-                      ": input must have at least 1 dim (the softmax runs over the last), got a 0-dim tensor");
-  }
-  TORCH_CHECK_VALUE(std::isfinite(scale), "rtcnorm.", name, ": scale must be finite, got ", scale);
-  const SoftmaxDims d = dims_of(input, causal);
-  if (op == SoftmaxOp::kUpperTriang)
-    TORCH_CHECK_VALUE(d.sq == d.cols, "rtcnorm.", name, ": needs sq == sk (the last two dims), got sq = ", d.sq,
-                      " and sk = ", d.cols, "; for sq < sk use scaled_aligned_causal_masked_softmax");
-  if (op == SoftmaxOp::kAlignedCausal)
-    TORCH_CHECK_VALUE(d.sq <= d.cols, "rtcnorm.", name, ": needs sq <= sk (the last two dims), got sq = ", d.sq,
-                      " and sk = ", d.cols);
-  return d;
-}
-
-void check_softmax_mask(const char* op, const at::Tensor& mask, const at::Tensor& input) {
-  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "rtcnorm.", op,
-                   ": mask must be a bool tensor (True = masked out), got ", mask.scalar_type());
-  TORCH_CHECK(mask.device() == input.device(), "rtcnorm.", op, ": mask is on ", mask.device(), " but input is on ",
-              input.device());
-  bool ok = mask.dim() <= input.dim();
-  for (int64_t i = 1; ok && i <= mask.dim(); ++i) ok = mask.size(-i) == 1 || mask.size(-i) == input.size(-i);
-  TORCH_CHECK_VALUE(ok, "rtcnorm.", op, ": mask of shape ", mask.sizes(), " is not broadcastable to input of shape ",
-                    input.sizes());
-}
-
-SoftmaxDims check_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal) {
-  const char* op = "scaled_softmax_backward";
-  check_dtype(op, "output", output);
-  TORCH_CHECK_VALUE(grad_output.sizes() == output.sizes(), "rtcnorm.", op, ": grad_output must have output's shape ",
-                    output.sizes(), ", got ", grad_output.sizes());
-  TORCH_CHECK_TYPE(grad_output.scalar_type() == output.scalar_type(), "rtcnorm.", op,
-                   ": grad_output must have output's dtype ", output.scalar_type(), ", got ",
-                   grad_output.scalar_type());
-  TORCH_CHECK(grad_output.device() == output.device(), "rtcnorm.", op, ": grad_output is on ", grad_output.device(),
-              " but output is on ", output.device());
-  TORCH_CHECK_VALUE(output.dim() >= (causal ? 2 : 1), "rtcnorm.", op, ": output must have at least ",
-                    causal ? "2 dims (..., sq, sk) when causal" : "1 dim", ", got shape ", output.sizes());
-  TORCH_CHECK_VALUE(std::isfinite(scale), "rtcnorm.", op, ": scale must be finite, got ", scale);
-  const SoftmaxDims d = dims_of(output, causal);
-  TORCH_CHECK_VALUE(!causal || d.sq <= d.cols, "rtcnorm.", op, ": causal output needs sq <= sk, got sq = ", d.sq,
-                    " and sk = ", d.cols);
-  return d;
 }
 
 namespace {
@@ -199,14 +125,6 @@ bool mask_broadcast_split(const RowIndex& mr, int64_t rows, int64_t* inner, int6
   return false;
 }
 
-void check_launch_size(const char* op, const SoftmaxDims& d) {
-  TORCH_CHECK_VALUE(d.rows <= std::numeric_limits<int32_t>::max(), "rtcnorm.", op,
-                    ": at most 2^31 - 1 rows (the product of all dims but the last) are supported on CUDA, got ",
-                    d.rows);
-  TORCH_CHECK_VALUE(d.cols <= std::numeric_limits<int32_t>::max() - 16, "rtcnorm.", op,
-                    ": rows of at most 2^31 - 17 elements are supported on CUDA, got ", d.cols);
-}
-
 // Plans, loads and launches one softmax kernel; prm's row_blocks is filled in
 // from the plan before the launch reads the block.
 template <typename Params>
@@ -226,9 +144,7 @@ void launch_softmax(const char* op, const at::Tensor& like, const SoftmaxProblem
 
 at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at::Tensor* mask, double scale) {
   const char* name = softmax_op_name(op);
-  const SoftmaxDims d = check_softmax_input(op, input, scale);
-  if (mask != nullptr) check_softmax_mask(name, *mask, input);
-  check_launch_size(name, d);
+  const SoftmaxDims d = softmax_dims(input, softmax_kind(op) == kSoftmaxCausal);
   c10::DeviceGuard guard(input.device());
   at::Tensor y = at::empty(input.sizes(), input.options());
   if (d.rows == 0) return y;
@@ -279,8 +195,7 @@ at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at:
 at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output, double scale,
                                         bool causal) {
   const char* name = "scaled_softmax_backward";
-  const SoftmaxDims d = check_softmax_backward(grad_output, output, scale, causal);
-  check_launch_size(name, d);
+  const SoftmaxDims d = softmax_dims(output, causal);
   c10::DeviceGuard guard(output.device());
   at::Tensor dx = at::empty(output.sizes(), output.options());
   if (d.rows == 0) return dx;
@@ -316,12 +231,20 @@ at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at:
 // The four forward ops, per device: unmasked ones take (input, scale).
 template <SoftmaxOp kOp, bool kCuda>
 at::Tensor forward_op(const at::Tensor& input, double scale) {
+  check_softmax_forward(kOp, input, nullptr, scale, input.is_cuda());
   return (kCuda ? softmax_forward_cuda : softmax_forward_cpu)(kOp, input, nullptr, scale);
 }
 
 template <bool kCuda>
 at::Tensor masked_op(const at::Tensor& input, const at::Tensor& mask, double scale) {
+  check_softmax_forward(SoftmaxOp::kMasked, input, &mask, scale, input.is_cuda());
   return (kCuda ? softmax_forward_cuda : softmax_forward_cpu)(SoftmaxOp::kMasked, input, &mask, scale);
+}
+
+template <bool kCuda>
+at::Tensor backward_op(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal) {
+  check_softmax_backward(grad_output, output, scale, causal, output.is_cuda());
+  return (kCuda ? scaled_softmax_backward_cuda : softmax_backward_cpu)(grad_output, output, scale, causal);
 }
 
 }  // namespace
@@ -331,7 +254,7 @@ TORCH_LIBRARY_IMPL(rtcnorm, CUDA, m) {
   m.impl("scaled_masked_softmax", &masked_op<true>);
   m.impl("scaled_upper_triang_masked_softmax", &forward_op<SoftmaxOp::kUpperTriang, true>);
   m.impl("scaled_aligned_causal_masked_softmax", &forward_op<SoftmaxOp::kAlignedCausal, true>);
-  m.impl("scaled_softmax_backward", &scaled_softmax_backward_cuda);
+  m.impl("scaled_softmax_backward", &backward_op<true>);
 }
 
 TORCH_LIBRARY_IMPL(rtcnorm, CPU, m) {
@@ -339,7 +262,7 @@ TORCH_LIBRARY_IMPL(rtcnorm, CPU, m) {
   m.impl("scaled_masked_softmax", &masked_op<false>);
   m.impl("scaled_upper_triang_masked_softmax", &forward_op<SoftmaxOp::kUpperTriang, false>);
   m.impl("scaled_aligned_causal_masked_softmax", &forward_op<SoftmaxOp::kAlignedCausal, false>);
-  m.impl("scaled_softmax_backward", &softmax_backward_cpu);
+  m.impl("scaled_softmax_backward", &backward_op<false>);
 }
 
 }  // namespace rtcnorm

@@ -1,5 +1,5 @@
-// The softmax family: argument checks shared by the CUDA and CPU paths, and
-// the CPU (reference-quality) implementations.
+// The softmax family: argument checks shared by every path, and the CPU
+// (reference-quality) implementations.
 //
 // Semantics every implementation keeps:
 // - The softmax runs over the last dim of x, in fp32 (fp64 for fp64 CPU
@@ -31,13 +31,19 @@ struct SoftmaxDims {
   int64_t sq = 1;    // causal ops: queries per (sq x sk) matrix
 };
 
-// Checks input (and scale) for `op`; every message names the op and argument.
-SoftmaxDims check_softmax_input(SoftmaxOp op, const at::Tensor& input, double scale);
-// mask must be bool, on input's device and broadcastable to input.
-void check_softmax_mask(const char* op, const at::Tensor& mask, const at::Tensor& input);
-// grad_output and output alike (shape, dtype, device); causal needs 2 dims.
-SoftmaxDims check_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal);
+// Every argument check of a softmax forward call (mask: scaled_masked_softmax's,
+// else nullptr) and of the backward, in ops/softmax_checks.cpp: ONE
+// implementation for the CPU and CUDA impls and the fake impls
+// (python/rtcnorm/_softmax_ops.py, through rtcnorm._C). Symbolic sizes are
+// checked as ops/norm_checks.h says. `cuda` selects the CUDA path's rules
+// (kernel dtypes, launch limits); the real impls pass input.is_cuda().
+void check_softmax_forward(SoftmaxOp op, const at::Tensor& input, const at::Tensor* mask, double scale, bool cuda);
+void check_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal,
+                            bool cuda);
+// The dims of a checked input (or output).
+SoftmaxDims softmax_dims(const at::Tensor& t, bool causal);
 
+// The CPU paths; the op entries check the arguments first.
 at::Tensor softmax_forward_cpu(SoftmaxOp op, const at::Tensor& input, const at::Tensor* mask, double scale);
 at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal);
 

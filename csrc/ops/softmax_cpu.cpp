@@ -26,8 +26,7 @@ at::Tensor causal_hidden(const SoftmaxDims& d, const at::Tensor& like) {
 }  // namespace
 
 at::Tensor softmax_forward_cpu(SoftmaxOp op, const at::Tensor& input, const at::Tensor* mask, double scale) {
-  const SoftmaxDims d = check_softmax_input(op, input, scale);
-  if (mask != nullptr) check_softmax_mask(softmax_op_name(op), *mask, input);
+  const SoftmaxDims d = softmax_dims(input, softmax_kind(op) == kSoftmaxCausal);
   if (input.numel() == 0) return at::empty(input.sizes(), input.options());
   const double neg_inf = -std::numeric_limits<double>::infinity();
   at::Tensor z = input.to(acc_type(input)) * scale;
@@ -43,7 +42,7 @@ at::Tensor softmax_forward_cpu(SoftmaxOp op, const at::Tensor& input, const at::
 }
 
 at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output, double scale, bool causal) {
-  const SoftmaxDims d = check_softmax_backward(grad_output, output, scale, causal);
+  const SoftmaxDims d = softmax_dims(output, causal);
   if (output.numel() == 0) return at::empty(output.sizes(), output.options());
   const at::Tensor y = output.to(acc_type(output));
   at::Tensor dy = grad_output.to(acc_type(output));

@@ -22,6 +22,7 @@ from . import _C, _ops, _softmax_ops, jit, softmax  # noqa: E402
 from .functional import layer_norm, rms_norm  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
 from .modules import LayerNorm, RMSNorm  # noqa: E402
+from .patch import PatchSummary, patch, patched, unpatch  # noqa: E402
 from .softmax import (  # noqa: E402
     FusedScaleMaskSoftmax,
     scaled_aligned_causal_masked_softmax,
@@ -34,18 +35,22 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MODES",
+    "PatchSummary",
     "FusedScaleMaskSoftmax",
     "LayerNorm",
     "RMSNorm",
     "explain",
     "jit",
     "layer_norm",
+    "patch",
+    "patched",
     "rms_norm",
     "scaled_aligned_causal_masked_softmax",
     "scaled_masked_softmax",
     "scaled_softmax",
     "scaled_upper_triang_masked_softmax",
     "softmax",
+    "unpatch",
 ]
 
 del _C, _ops, _softmax_ops

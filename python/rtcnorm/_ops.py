@@ -1,13 +1,18 @@
-"""Fake (meta) implementations of the torch.ops.rtcnorm ops.
+"""Fake (meta) implementations of the torch.ops.rtcnorm norm ops.
 
-Schemas are defined in C++ (csrc/registration.cpp). Fake implementations
-mirror the real ones' output shapes, dtypes and (contiguous) strides, so the
-ops trace under torch.compile without graph breaks.
+Schemas are defined in C++ (csrc/registration.cpp). Each fake impl first runs
+the real impls' own argument check (``_C._check_norm_*``, from
+csrc/ops/norm_checks.cpp), so torch.compile and export refuse a bad call while
+tracing, with the message the op itself gives: dtypes (float32, float16 and
+bfloat16; float64 too on CPU), shapes, devices, eps and mode. Symbolic sizes
+are checked the way ``torch._check`` checks them, and limits only where a
+size is known. Then it returns outputs with the real ones' shapes, dtypes and
+(contiguous) strides, so the ops trace without graph breaks.
 """
 
 import torch
 
-from .modes import check_mode
+from . import _C
 
 _lib = "rtcnorm::"
 
@@ -24,25 +29,9 @@ def _empty_like(t):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-def _check_shape(op, input, normalized_shape):
-    nd = len(normalized_shape)
-    torch._check(
-        nd >= 1 and input.dim() >= nd and list(input.shape[input.dim() - nd :]) == list(normalized_shape),
-        lambda: (
-            f"rtcnorm.{op}: normalized_shape {list(normalized_shape)} must match the trailing dims of input, "
-            f"got input of shape {list(input.shape)}"
-        ),
-    )
-
-
-def _check_devices(op, input, **tensors):
-    # The real implementations refuse mixed devices; without this check a
-    # meta (or fake) argument beside a real input would silently trace.
-    for name, t in tensors.items():
-        torch._check(
-            t is None or t.device == input.device,
-            lambda name=name, t=t: f"rtcnorm.{op}: {name} is on {t.device} but input is on {input.device}",
-        )
+def _grad_like(param, wanted, input):
+    # A gradient not asked for is an empty tensor of input's dtype.
+    return param.new_empty(param.shape) if (wanted and param is not None) else input.new_empty((0,))
 
 
 # ---- fake implementations ---------------------------------------------------
@@ -50,18 +39,14 @@ def _check_devices(op, input, **tensors):
 
 @torch.library.register_fake(_lib + "rms_norm")
 def _rms_norm_fake(input, normalized_shape, weight=None, eps=None, mode=None, zero_centered_gamma=False):
-    check_mode(mode, "rms_norm")
-    _check_shape("rms_norm", input, normalized_shape)
-    _check_devices("rms_norm", input, weight=weight)
+    _C._check_norm_forward("rms_norm", input, None, normalized_shape, weight, None, eps, mode)
     lead = _lead_shape(input, normalized_shape)
     return _empty_like(input), input.new_empty(lead, dtype=_stat_dtype(input))
 
 
 @torch.library.register_fake(_lib + "add_rms_norm")
 def _add_rms_norm_fake(input, residual, normalized_shape, weight=None, eps=None, mode=None, zero_centered_gamma=False):
-    check_mode(mode, "add_rms_norm")
-    _check_shape("add_rms_norm", input, normalized_shape)
-    _check_devices("add_rms_norm", input, residual=residual, weight=weight)
+    _C._check_norm_forward("add_rms_norm", input, residual, normalized_shape, weight, None, eps, mode)
     lead = _lead_shape(input, normalized_shape)
     return _empty_like(input), _empty_like(input), input.new_empty(lead, dtype=_stat_dtype(input))
 
@@ -70,16 +55,13 @@ def _add_rms_norm_fake(input, residual, normalized_shape, weight=None, eps=None,
 def _rms_norm_backward_fake(
     grad_out, input, rstd, weight, normalized_shape, zero_centered_gamma, weight_grad, grad_h=None
 ):
-    _check_devices("rms_norm_backward", input, grad_out=grad_out, rstd=rstd, weight=weight, grad_h=grad_h)
-    dw = weight.new_empty(weight.shape) if (weight_grad and weight is not None) else input.new_empty((0,))
-    return _empty_like(input), dw
+    _C._check_norm_backward("rms_norm_backward", grad_out, input, None, rstd, weight, None, normalized_shape, grad_h)
+    return _empty_like(input), _grad_like(weight, weight_grad, input)
 
 
 @torch.library.register_fake(_lib + "layer_norm")
 def _layer_norm_fake(input, normalized_shape, weight=None, bias=None, eps=1e-5, mode=None, zero_centered_gamma=False):
-    check_mode(mode, "layer_norm")
-    _check_shape("layer_norm", input, normalized_shape)
-    _check_devices("layer_norm", input, weight=weight, bias=bias)
+    _C._check_norm_forward("layer_norm", input, None, normalized_shape, weight, bias, eps, mode)
     lead = _lead_shape(input, normalized_shape)
     stat = input.new_empty(lead, dtype=_stat_dtype(input))
     return _empty_like(input), stat, input.new_empty(lead, dtype=_stat_dtype(input))
@@ -89,10 +71,8 @@ def _layer_norm_fake(input, normalized_shape, weight=None, bias=None, eps=1e-5, 
 def _layer_norm_backward_fake(
     grad_out, input, mean, rstd, weight, bias, normalized_shape, zero_centered_gamma, weight_grad, bias_grad
 ):
-    _check_devices("layer_norm_backward", input, grad_out=grad_out, mean=mean, rstd=rstd, weight=weight, bias=bias)
-    dw = weight.new_empty(weight.shape) if (weight_grad and weight is not None) else input.new_empty((0,))
-    db = bias.new_empty(bias.shape) if (bias_grad and bias is not None) else input.new_empty((0,))
-    return _empty_like(input), dw, db
+    _C._check_norm_backward("layer_norm_backward", grad_out, input, mean, rstd, weight, bias, normalized_shape, None)
+    return _empty_like(input), _grad_like(weight, weight_grad, input), _grad_like(bias, bias_grad, input)
 
 
 # Autograd for rms_norm, add_rms_norm and layer_norm is registered in C++

@@ -2,65 +2,77 @@
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 
 import torch
 
-MODES = ("static_persistent", "multi_wave_reload", "multi_wave_cached")
-"""Valid values of `mode` besides None (None lets a heuristic choose).
 
-- ``static_persistent``: a grid of SMs x occupancy CTAs striding over rows.
-  For narrow rows whose thread holds at most 16 gamma (and beta) values, they
-  stay in registers for the CTA's lifetime.
-- ``multi_wave_reload``: one CTA per block of rows; x is read once for the
-  statistics and again for the normalize pass (the re-read mostly hits L2).
-- ``multi_wave_cached``: one CTA per block of rows; the row stays on chip
-  between the two passes, so x is read once: in registers, or in shared memory
-  for long rows beside a residual or a bias (see below).
+class Modes(tuple):
+    """``rtcnorm.MODES``: the forward modes of the norm ops, a tuple of names.
 
-Where the row stays: in registers up to 64 bf16/fp16 or 32 fp32 values per
-thread at 1024 threads. In shared memory (``explain(...)["smem"]`` bytes per
-CTA) for rows of 16 KB or more with a residual, LayerNorm rows of more than
-64 KB with a bias (and fp32 ones of 32 KB cached by 256 threads: N = 8192),
-and any row too wide for registers that fits the CTA's shared memory (227 KB
-on sm_90/sm_100, 163 KB on sm_80, 99 KB on sm_86/sm_89). ``static_persistent``
-keeps rows the same way.
+    Valid values of ``mode`` besides None (None lets a heuristic choose);
+    ``mode in rtcnorm.MODES`` tests one, and iterating lists them.
 
-Rows that fit neither (e.g. N = 131072 in bf16, 65536 in fp32) are split on
-sm_90 and newer across a thread-block cluster of up to 8 CTAs, each caching
-a slice of at most 32 KB, whose statistics meet through distributed shared
-memory (``explain(...)["cluster"]`` CTAs per row): x is still read once. On
-older GPUs, and for rows too wide even for 8 slices, they are re-read in
-every mode.
+    - ``static_persistent``: a grid of SMs x occupancy CTAs striding over rows.
+      For narrow rows whose thread holds at most 16 gamma (and beta) values, they
+      stay in registers for the CTA's lifetime.
+    - ``multi_wave_reload``: one CTA per block of rows; x is read once for the
+      statistics and again for the normalize pass (the re-read mostly hits L2).
+    - ``multi_wave_cached``: one CTA per block of rows; the row stays on chip
+      between the two passes, so x is read once: in registers, or in shared memory
+      for long rows beside a residual or a bias (see below).
 
-The backward (one design whatever the forward mode) keeps each row's x and dy
-on chip too: in registers, or, for 16-bit rows of 7168 elements or more,
-staged through a two-stage shared-memory ring whose next row is already
-being copied while the current one is reduced (``explain(...)["backward"]
-["staged"]``). On sm_90 and newer, staged rows run as row clusters of two CTAs
-(LayerNorm from half the SMs' row blocks up; one gradient on rows of 8192 or
-more, up to 8 row blocks an SM) whose dW / dB column sums meet in distributed
-shared memory, so each pair writes one partial row (``["backward"]
-["row_cluster"]``); elsewhere, with few rows, staged rows share at most
-max(SMs / 2, row blocks / k) CTAs (k = 2 for dW alone, 8 for dW and dB), which
-write fewer partial dW rows (``["backward"]["max_ctas"]``). When one row block holds every row, its
-CTA (or cluster) writes dW / dB itself and no column reduce runs
-(``["backward"]["direct_grads"]``). Grids of more than one register row
-(past 512 elements; not one CTA sized to its few rows) with at most one row
-block an SM and a few rows to sum (at most 4 per row lane of a CTA) add
-column CTAs to the same launch: the row CTAs compute dx only, and the column
-CTAs sum dW / dB over every row from the saved statistics and write them, so
-no partial rows or column reduce exist (``["backward"]["column_grads"]``,
-``["column_ctas"]``); such grids run on 256-thread CTAs.
-On sm_90 and newer it splits float32 rows of more than 8192
-elements, and 16-bit rows of up to 65536 that one CTA does not hold, across a
-cluster the same way (16-bit slices of 4096 elements, staged). Wider rows
-run a split design that streams them twice. On sm_90 and newer the kernels
-that follow the first (the column reduce of the dW/dB partials, and the split
-design's column kernel) are launched programmatically: their CTAs are
-scheduled while the previous kernel drains and wait for it on the GPU, which
-hides the launch gap between them (``["backward"]["programmatic_launch"]``).
-"""
+    Where the row stays: in registers up to 64 bf16/fp16 or 32 fp32 values per
+    thread at 1024 threads. In shared memory (``explain(...)["smem"]`` bytes per
+    CTA) for rows of 16 KB or more with a residual, LayerNorm rows of more than
+    64 KB with a bias (and fp32 ones of 32 KB cached by 256 threads: N = 8192),
+    and any row too wide for registers that fits the CTA's shared memory (227 KB
+    on sm_90/sm_100, 163 KB on sm_80, 99 KB on sm_86/sm_89). ``static_persistent``
+    keeps rows the same way.
+
+    Rows that fit neither (e.g. N = 131072 in bf16, 65536 in fp32) are split on
+    sm_90 and newer across a thread-block cluster of up to 8 CTAs, each caching
+    a slice of at most 32 KB, whose statistics meet through distributed shared
+    memory (``explain(...)["cluster"]`` CTAs per row): x is still read once. On
+    older GPUs, and for rows too wide even for 8 slices, they are re-read in
+    every mode.
+
+    The backward (one design whatever the forward mode) keeps each row's x and dy
+    on chip too: in registers, or, for 16-bit rows of 7168 elements or more,
+    staged through a two-stage shared-memory ring whose next row is already
+    being copied while the current one is reduced (``explain(...)["backward"]
+    ["staged"]``). On sm_90 and newer, staged rows run as row clusters of two CTAs
+    (LayerNorm from half the SMs' row blocks up; one gradient on rows of 8192 or
+    more, up to 8 row blocks an SM) whose dW / dB column sums meet in distributed
+    shared memory, so each pair writes one partial row (``["backward"]
+    ["row_cluster"]``); elsewhere, with few rows, staged rows share at most
+    max(SMs / 2, row blocks / k) CTAs (k = 2 for dW alone, 8 for dW and dB), which
+    write fewer partial dW rows (``["backward"]["max_ctas"]``). When one row block holds every row, its
+    CTA (or cluster) writes dW / dB itself and no column reduce runs
+    (``["backward"]["direct_grads"]``). Grids of more than one register row
+    (past 512 elements; not one CTA sized to its few rows) with at most one row
+    block an SM and a few rows to sum (at most 4 per row lane of a CTA) add
+    column CTAs to the same launch: the row CTAs compute dx only, and the column
+    CTAs sum dW / dB over every row from the saved statistics and write them, so
+    no partial rows or column reduce exist (``["backward"]["column_grads"]``,
+    ``["column_ctas"]``); such grids run on 256-thread CTAs.
+    On sm_90 and newer it splits float32 rows of more than 8192
+    elements, and 16-bit rows of up to 65536 that one CTA does not hold, across a
+    cluster the same way (16-bit slices of 4096 elements, staged). Wider rows
+    run a split design that streams them twice. On sm_90 and newer the kernels
+    that follow the first (the column reduce of the dW/dB partials, and the split
+    design's column kernel) are launched programmatically: their CTAs are
+    scheduled while the previous kernel drains and wait for it on the GPU, which
+    hides the launch gap between them (``["backward"]["programmatic_launch"]``).
+    """
+
+    __slots__ = ()
+
+
+MODES = Modes(("static_persistent", "multi_wave_reload", "multi_wave_cached"))
+
 
 _OPS = ("rms_norm", "layer_norm")
 
@@ -101,9 +113,18 @@ def explain(
     """Return the forward and backward launch plan for a norm call, and why.
 
     ``shape`` is the input's shape; rows are normalized over ``normalized_shape``
-    (default: the last dim). With a CUDA device (the current one by default,
-    when present) the kernel is loaded to report its real occupancy and grid;
-    without one the plan is made for ``sm_count`` SMs of ``arch``.
+    (default: the last dim). The arguments get the op's own checks and
+    messages (dtype, shapes, mode). With a CUDA device (the current one by
+    default, when present) the kernel is loaded to report its real occupancy
+    and grid; without one the plan is made for ``sm_count`` SMs of ``arch``.
+
+    ``"device"`` names the device explained ("cuda:0", "cpu", or None when no
+    GPU is visible) and ``"assumed"`` the GPU the plan is made for when it is
+    not a loaded device, e.g. ``"sm_90, 132 SMs (no GPU visible)"``; the
+    forward ``"reason"`` then ends with it too. ``device="cpu"`` describes
+    the CPU path under ``"cpu_path"`` (CPU tensors run ATen reference code;
+    no kernel is compiled), beside the plan a GPU of ``arch`` would run;
+    float64, which only the CPU path takes, gets the CPU path alone.
 
     ``strides`` are the input's (default: contiguous). Rows whose leading
     dims need two strides, such as heads sliced out of a fused projection,
@@ -119,41 +140,42 @@ def explain(
     """
     if op not in _OPS:
         raise ValueError(f"rtcnorm.explain: op must be one of {_OPS}, got {op!r}")
-    check_mode(mode, op)
-    shape = [int(s) for s in shape]
+    shape = _sizes("shape", shape)
     if normalized_shape is None:
         normalized_shape = shape[-1:]
     elif isinstance(normalized_shape, int):
         normalized_shape = [normalized_shape]
-    normalized_shape = [int(s) for s in normalized_shape]
+    normalized_shape = _sizes("normalized_shape", normalized_shape, allow_negative=True)
     nd = len(normalized_shape)
-    if nd == 0 or shape[len(shape) - nd :] != normalized_shape:
-        raise ValueError(
-            f"rtcnorm.explain: normalized_shape {normalized_shape} must match the trailing dims of {shape}"
-        )
-    hidden = 1
-    for s in normalized_shape:
-        hidden *= s
-    rows = 1
-    for s in shape[: len(shape) - nd]:
-        rows *= s
     if strides is not None:
-        strides = [int(s) for s in strides]
+        strides = _sizes("strides", strides)
         if len(strides) != len(shape):
             raise ValueError(f"rtcnorm.explain: strides {strides} must have one entry per dim of {shape}")
     if bias is None:
         bias = op == "layer_norm" and elementwise_affine
+    arch_number = _arch_number(arch)
+    if int(sm_count) < 1:
+        raise ValueError(f"rtcnorm.explain: sm_count must be at least 1, got {sm_count}")
+    on_cpu = device is not None and torch.device(device).type == "cpu"
     dev_index = -1
-    if device is not None or torch.cuda.is_available():
+    if not on_cpu and (device is not None or torch.cuda.is_available()):
         dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         if dev.type == "cuda":
             dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
     from . import _C
 
-    return _C.explain_norm(
+    _check_call(_C, op, shape, dtype, normalized_shape, mode, weight_dtype, elementwise_affine, bias, residual, on_cpu)
+    where = "cpu" if on_cpu else (f"cuda:{dev_index}" if dev_index >= 0 else None)
+    cpu_path = (
+        "CPU tensors run rtcnorm's ATen reference code (float32 math, float64 for float64 input): "
+        "no kernel is compiled or launched"
+    )
+    if dtype == torch.float64:
+        return {"op": op, "device": where, "assumed": None, "cpu_path": cpu_path}
+    plan = _C.explain_norm(
         op,
-        rows,
-        hidden,
+        math.prod(shape[: len(shape) - nd]),
+        math.prod(normalized_shape),
         dtype_name(dtype),
         dtype_name(weight_dtype or dtype),
         mode,
@@ -163,7 +185,49 @@ def explain(
         bool(residual),
         dev_index,
         int(sm_count),
-        int(arch.removeprefix("sm_")),
+        arch_number,
         bool(resources),
         strides is None or _C.rows_single_stride(shape, strides, len(shape) - nd),
     )
+    plan["device"] = where
+    plan["assumed"] = None
+    if dev_index < 0:
+        why = "device='cpu': a GPU of this arch" if on_cpu else "no GPU visible"
+        plan["assumed"] = f"{plan['arch']}, {plan['sm_count']} SMs ({why})"
+        plan["reason"] += f"; planned for an assumed GPU: {plan['assumed']}"
+    if on_cpu:
+        plan["cpu_path"] = cpu_path
+    return plan
+
+
+def _arch_number(arch: str) -> int:
+    """80 for "sm_80"; the kernels need compute capability 8.0 or newer."""
+    text = str(arch).lower().removeprefix("sm_")
+    if not text.isdigit() or int(text) < 80:
+        raise ValueError(f"rtcnorm.explain: arch must name sm_80 or newer (e.g. 'sm_90'), got {arch!r}")
+    return int(text)
+
+
+def _sizes(name: str, values, allow_negative: bool = False) -> list[int]:
+    """Integers (``operator.index``: 8.5 is refused, not truncated), >= 0."""
+    try:
+        out = [operator.index(v) for v in values]
+    except TypeError:
+        raise TypeError(f"rtcnorm.explain: {name} must be a sequence of ints, got {values!r}") from None
+    if not allow_negative and any(v < 0 for v in out):
+        raise ValueError(f"rtcnorm.explain: {name} must not hold a negative entry, got {out}")
+    return out
+
+
+def _check_call(_C, op, shape, dtype, normalized_shape, mode, weight_dtype, affine, bias, residual, on_cpu):
+    """The op's own argument checks (csrc/ops/norm_checks.cpp) on meta
+    tensors of the call's shapes and dtypes, for the CUDA or the CPU path."""
+    meta = {"device": "meta"}
+    x = torch.empty(shape, dtype=dtype, **meta)
+    # A negative entry fails the trailing-dims check before parameters are read.
+    params = min(normalized_shape, default=0) >= 0
+    w = torch.empty(normalized_shape, dtype=weight_dtype or dtype, **meta) if affine and params else None
+    b = torch.empty(normalized_shape, dtype=weight_dtype or dtype, **meta) if bias and params else None
+    r = torch.empty(shape, dtype=dtype, **meta) if residual else None
+    name = "add_rms_norm" if (op == "rms_norm" and residual) else op
+    _C._check_norm_forward(name, x, r, normalized_shape, w, b, None, mode, cuda=not on_cpu)
