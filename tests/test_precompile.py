@@ -4,9 +4,10 @@ These sweeps compile thousands of kernels and are marked ``slow`` (run
 them with ``--run-slow``): every flag, dtype and mode for one row length on
 sm_90 (LayerNorm: bf16 only); every launch-plan class in float32, spread over
 sm_80, sm_90 and sm_100; staged, column-CTA and cluster backwards on every
-arch; the bf16 RMSNorm kernels of the automatic mode on sm_100 (sm_80's run
-every time: precompile's flag coverage); and the full cross product of row lengths, dtypes, modes and archs. Every run
-compiles one planned kernel of each design for each dtype and arch instead
+arch; the bf16 RMSNorm kernels of the automatic mode on sm_100 (sm_80's
+run every time: precompile's flag coverage); and the full cross product of
+row lengths, dtypes, modes and archs. Every run compiles one planned kernel
+of each design for each dtype and arch instead
 (test_compile_representatives.py).
 """
 
