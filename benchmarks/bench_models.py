@@ -216,7 +216,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    notes = []
+    notes, patched = [], []
     for fam in dict.fromkeys(r["model"] for r in rows):
         cells = [fam]
         for n, m in cols:
@@ -226,10 +226,15 @@ def markdown(rows: list[dict], meta: dict) -> str:
             elif r["status"] == "ok":
                 mem = f" ({r['peak_gib']:.1f})" if r.get("peak_gib") is not None else ""
                 cells.append(f"{r['step_ms']:.1f}{mem}")
+                line = f"- {fam}, {n}: {r['note']}"
+                if r.get("note") and line not in patched:  # once per model and norm, whatever the mode
+                    patched.append(line)
             else:
                 notes.append(f"- {fam}, {n} {m}: {r['status']}: {r['error']}")
                 cells.append(f"{r['status']} [{len(notes)}]")
         lines.append("| " + " | ".join(cells) + " |")
+    if patched:
+        lines += ["", "What each patch swapped:", *patched]
     if notes:
         lines += ["", *notes]
     return "\n".join(lines) + "\n"
