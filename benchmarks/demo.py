@@ -2,15 +2,20 @@
 
 On a GPU: compiles and runs the ops, checks them against torch, prints
 timings and the JIT cache statistics (cold compile vs. warm start).
-Without a GPU: runs the CPU path and precompiles kernels for sm_90 with NVRTC,
-to show the JIT working on a machine with no driver.
+Without a GPU: runs the CPU path, then compiles with NVRTC the kernels that an
+H100 (sm_90) would run for a handful of shapes and prints ptxas' report of
+each, to show the JIT working on a machine with no driver. Filling the disk
+cache ahead of time for whole models is `python -m rtcnorm precompile`.
 """
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import rtcnorm
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 
 def median_ms(fn, reps=50):
@@ -85,32 +90,64 @@ def run_gpu():
     print(f"  {plan['reason']}")
 
 
+# Shapes that tell the story on an H100 (sm_90, 132 SMs): each gets its own
+# kernels, compiled for its exact row length, dtype and launch shape.
+STORY = (
+    ("rms_norm", (32768, 128), "Qwen3 QK-norm: 8 threads a row, 32 rows a CTA"),
+    ("rms_norm", (16384, 4096), "Llama-8B hidden: a row in registers, read once"),
+    ("layer_norm", (8192, 768), "GPT-2 LayerNorm"),
+    ("rms_norm", (512, 131072), "a row too wide for one CTA: a cluster of CTAs"),
+    ("scaled_masked_softmax", (4, 32, 1024, 1024), "masked attention softmax"),
+)
+
+
+def story_kernels(op, shape):
+    """The (phase, kernel, ptxas report) triples of the plan for ``shape`` on sm_90,
+    compiled now by NVRTC (no GPU needed)."""
+    if op.startswith("scaled"):
+        plan = rtcnorm.softmax.explain(op, shape, torch.bfloat16, arch="sm_90", resources=True)
+        return [(ph, plan[ph]["kernel"], plan[ph]["ptxas"], plan[ph]["reason"]) for ph in ("forward", "backward")]
+    plan = rtcnorm.explain(op, shape, torch.bfloat16, device="cpu", arch="sm_90", resources=True)
+    bwd = plan["backward"]
+    return [
+        ("forward", plan["kernel"], plan["ptxas"], plan["reason"]),
+        ("backward", bwd["kernel"], bwd["ptxas"], bwd["reason"]),
+    ]
+
+
 def run_cpu():
-    print("no CUDA device: running the CPU path and precompiling for sm_90")
+    print("no CUDA device: the CPU path, then the kernels an H100 (sm_90) would run, compiled here")
     for name, fn, ref, _ in cases("cpu", torch.float32):
         print(f"{name:34s} max rel err vs torch: {max_rel_err(fn(), ref()):.2e}")
     t0 = time.perf_counter()
-    lines = rtcnorm.jit.precompile(
-        "rms_norm", hidden_sizes=[128, 4096], dtypes=[torch.bfloat16], modes=[None], archs=["sm_90"]
-    )
-    print(f"\nprecompiled {len(lines)} rms_norm kernels for sm_90 in {time.perf_counter() - t0:.1f} s, e.g.:")
-    for line in lines[:3]:
-        print("  " + line)
-    plan = rtcnorm.explain("rms_norm", (32768, 128), torch.bfloat16, device="cpu")
-    print(f"\nexplain rms_norm 32768x128 on a 132-SM sm_90: mode={plan['mode']}\n  {plan['reason']}")
+    # NVRTC releases the GIL: one shape per core.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = [pool.submit(story_kernels, op, shape) for op, shape, _ in STORY]
+        for f in tqdm(as_completed(futures), total=len(futures), desc="compiling for sm_90", unit="shape"):
+            f.result()
+    elapsed = time.perf_counter() - t0
+    count = 0
+    for (op, shape, why), f in zip(STORY, futures):
+        print(f"\n{op} {'x'.join(map(str, shape))} bf16 ({why})")
+        for phase, kernel, ptxas, reason in f.result():
+            count += 1
+            regs = f"{ptxas['registers']} registers, {ptxas['spill_stores']} B spilled" if ptxas else "PTX"
+            print(f"  {phase:8s} {kernel}\n           {regs}; {reason.split(';')[0]}")
+    print(f"\ncompiled {count} kernels for sm_90 in {elapsed:.1f} s on {os.cpu_count()} cores")
 
 
 def main():
     print(f"rtcnorm {rtcnorm.__version__}, torch {torch.__version__}")
     info = rtcnorm.jit.nvrtc_info()
     print(f"NVRTC {info['version']} at {info['path']}")
-    print(f"kernel cache: {rtcnorm.jit.cache_dir()}")
     rtcnorm.jit.reset_stats()
-    if torch.cuda.is_available():
-        run_gpu()
-    else:
+    if not torch.cuda.is_available():
         run_cpu()
-    print("\nJIT cache stats:")
+        # explain(resources=True) compiles to read ptxas' report and stores nothing.
+        print(f"kernel cache: {rtcnorm.jit.cache_dir()} (fill it ahead with: python -m rtcnorm precompile)")
+        return
+    run_gpu()
+    print(f"\nkernel cache: {rtcnorm.jit.cache_dir()}\nJIT cache stats:")
     for k, v in rtcnorm.jit.stats().items():
         print(f"  {k:16s} {v:.1f}" if isinstance(v, float) else f"  {k:16s} {v}")
 

@@ -94,7 +94,7 @@ def reset_persisting_l2() -> None:
     policy mark their lines so and the 256 MB flush does not evict them: on an H100,
     after one `torch.compile` call of RMSNorm 256x8192 had read x that way, every
     later flushed forward of that x, rtcnorm's and Liger's included, ran 1.3-1.5 us
-    (a quarter) faster (benchmarks/NOTES.md entry 41). No-op without CUDA."""
+    (a quarter) faster (docs/history.md entry 41). No-op without CUDA."""
     if not on_cuda():
         return
     if "cu_reset" not in _cache:

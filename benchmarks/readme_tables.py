@@ -1,6 +1,8 @@
-"""Print the README's bf16 performance tables from the saved benchmark results.
+"""Print the bf16 performance tables of docs/performance.md (and, with
+--headline, the README's small table) from the saved benchmark results.
 
     python benchmarks/readme_tables.py [--anchors PATH/anchors_h100.md]
+    python benchmarks/readme_tables.py --headline
 
 Reads results/rms_norm_h100.json, layer_norm_h100.json (bench_rms_norm.py /
 bench_layer_norm.py --out <op>_h100) and softmax_bf16_h100.json (bench_softmax.py),
@@ -33,6 +35,29 @@ SOFTMAX_HEAD = (
         "best peer kernel GB/s",
         "kernel: rtcnorm / best peer",
     )
+)
+
+
+# The README's headline rows: (op, shape, phase).
+HEADLINE = (
+    ("rms_norm", "16384x8192", "fwd"),
+    ("rms_norm", "16384x8192", "bwd"),
+    ("rms_norm", "32768x128", "fwd"),
+    ("rms_norm", "32768x128", "bwd"),
+    ("rms_norm", "1024x65536", "bwd"),
+    ("layer_norm", "16384x8192", "fwd"),
+    ("layer_norm", "16384x8192", "bwd"),
+    ("layer_norm", "512x131072", "bwd"),
+)
+HEADLINE_HEAD = (
+    "op",
+    "shape",
+    "phase",
+    "rtcnorm GB/s (% of copy)",
+    "best peer GB/s",
+    "rtcnorm kernel µs",
+    "best peer's kernel µs",
+    "kernel speed-up",
 )
 
 
@@ -114,10 +139,39 @@ def softmax_rows(anchors: dict) -> list:
     return rows
 
 
+def headline_rows() -> list:
+    data = {}
+    for name, _, _ in NORMS:
+        with open(os.path.join(RESULTS, f"{name}_h100.json")) as f:
+            data[name] = {(r["shape"], r["phase"]): r for r in json.load(f)["rows"]}
+    titles = {name: title for name, _, title in NORMS}
+    rows = []
+    for op, shape, phase in HEADLINE:
+        r = data[op][shape, phase]
+        rows.append(
+            (
+                titles[op],
+                shape,
+                phase,
+                f"{gbps(r['rtcnorm'])} ({pct(r['rtcnorm'], r['copy'])})",
+                f"{gbps(r['best_peer'])} {r['peer']}",
+                f"{r['kern_us']:.1f}",
+                f"{r['peer_kern_us']:.1f} {r['kpeer']}",
+                f"{r['kern best/rtc']:.2f}x",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--anchors", default=None, help="a markdown file of peer anchors (bold best-peer cells)")
-    anchors = load_anchors(p.parse_args().anchors)
+    p.add_argument("--headline", action="store_true", help="print the README's small table instead")
+    args = p.parse_args()
+    if args.headline:
+        print(table(HEADLINE_HEAD, headline_rows()))
+        return
+    anchors = load_anchors(args.anchors)
     for name, tag, title in NORMS:
         print(f"**{title}, bf16, NVIDIA H100**\n")
         print(table(NORM_HEAD, norm_rows(name, tag, anchors)) + "\n")

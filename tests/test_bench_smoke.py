@@ -57,25 +57,106 @@ def test_copy_rates_per_call_and_per_kernel_are_cached_numbers():
         sys.path.remove(BENCH)
 
 
-def test_readme_tables_are_the_committed_results():
-    """Every row of the README's bf16 tables is the row readme_tables.py prints from
-    benchmarks/results/*_h100.json, bar the anchor column (read from a file outside
-    the repository), and every result row is in the README."""
-    cmd = [sys.executable, os.path.join(BENCH, "readme_tables.py")]
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
+def _table_rows(text: str) -> list[tuple[str, ...]]:
+    """The cells of every markdown table row but the header rows."""
+    out = []
+    for line in text.splitlines():
+        cells = tuple(c.strip() for c in line.strip().strip("|").split("|"))
+        if line.startswith("| ") and cells[0] not in ("shape", "op"):
+            out.append(cells)
+    return out
 
-    def rows(text):
+
+def _printed(*args: str) -> str:
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "readme_tables.py"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+def test_readme_tables_are_the_committed_results():
+    """Every row of docs/performance.md's bf16 tables is the row readme_tables.py prints
+    from benchmarks/results/*_h100.json, bar the anchor column (read from a file outside
+    the repository), and every result row is there; the README's headline table is
+    the one ``--headline`` prints from the same files."""
+
+    def without_anchor(rows):
         out = []
-        for line in text.splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if line.startswith("| ") and cells[0] not in ("shape", "op"):
-                anchor = 6 if cells[1] in ("fwd", "bwd") else 7  # norm rows, softmax rows
-                out.append(tuple(cells[:anchor] + cells[anchor + 1 :]))
+        for cells in rows:
+            anchor = 6 if cells[1] in ("fwd", "bwd") else 7  # norm rows, softmax rows
+            out.append(cells[:anchor] + cells[anchor + 1 :])
         return out
 
-    printed = rows(run.stdout)
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = rows(f.read())
+    printed = without_anchor(_table_rows(_printed()))
+    with open(os.path.join(REPO, "docs", "performance.md")) as f:
+        documented = without_anchor(_table_rows(f.read()))
     assert len(printed) == 23 * 2 * 2 + 15 * 2, len(printed)
-    assert printed == readme
+    assert printed == documented
+
+    headline = _table_rows(_printed("--headline"))
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = [r for r in _table_rows(f.read()) if r[0] in ("RMSNorm", "LayerNorm")]
+    assert len(headline) >= 6 and headline == readme
+
+
+def test_plot_draws_one_png_per_op_and_phase(tmp_path):
+    """plot.py draws GB/s against N from a small result file in bench_*.py's format:
+    one PNG per op and phase; the largest M at each N is the point drawn."""
+    pytest.importorskip("matplotlib")
+    sys.path.insert(0, BENCH)
+    try:
+        import plot
+
+        rows = []
+        for shape, scale in (("4x128", 0.5), ("64x128", 1.0), ("8x4096", 2.0)):
+            for phase in ("fwd", "bwd"):
+                rows.append(
+                    {"shape": shape, "phase": phase, "copy": 100.0 * scale, "rtcnorm": 90.0 * scale}
+                    | {"torch": 50.0 * scale, "compile": "-", "liger": "=" if phase == "bwd" else 70.0 * scale}
+                )
+        meta = {"gpu": "Test GPU", "args": {"dtypes": ["bf16"]}}
+        (tmp_path / "rms_norm_t.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+        assert plot.series(rows, "fwd", "rtcnorm") == ([128, 4096], [90.0, 180.0])
+        assert plot.series(rows, "bwd", "liger") == ([], [])
+        assert plot.series(rows, "fwd", "compile") == ([], [])
+        written = plot.plot_all(str(tmp_path), "t", str(tmp_path / "png"))
+        assert sorted(os.path.basename(p) for p in written) == ["rms_norm_bwd_t.png", "rms_norm_fwd_t.png"]
+        for p in written:
+            with open(p, "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        with pytest.raises(SystemExit, match="no rms_norm/layer_norm_missing.json"):
+            plot.plot_all(str(tmp_path), "missing", str(tmp_path / "png"))
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_model_benchmark_tiny_cpu_run_reports_every_configuration(tmp_path):
+    """bench_models.py --tiny on the CPU: a torch row with a step time for each model,
+    and every other configuration either measured or reported with its reason."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "models"
+    cmd = [sys.executable, os.path.join(BENCH, "bench_models.py"), "--tiny", "--device", "cpu", "--modes", "eager"]
+    cmd += ["--models", "gpt2", "--out", str(out)]  # one process: torch, rtcnorm.patch, Liger's skip
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads((tmp_path / "models.json").read_text())["rows"]
+    assert {(r["model"], r["norm"]) for r in rows} == {("gpt2", n) for n in NORMS}
+    for r in rows:
+        if r["norm"] == "torch":
+            assert r["status"] == "ok" and r["step_ms"] > 0 and r["loss"] > 0, r
+        else:
+            assert r["status"] == "ok" or r["error"], r
+    gpt2_liger = next(r for r in rows if r["model"] == "gpt2" and r["norm"] == "liger")
+    assert gpt2_liger["status"] == "skipped" and "no norm patch for gpt2" in gpt2_liger["error"]
+    table = (tmp_path / "models.md").read_text()
+    assert "| gpt2 |" in table
+    assert (tmp_path / "models.png").read_bytes()[:4] == b"\x89PNG"
+
+
+NORMS = ("torch", "rtcnorm", "liger")

@@ -384,7 +384,7 @@ def test_cluster_exchange_over_many_row_blocks(op, cluster, poison):
 )  # fmt: skip
 def test_float32_rows_of_131072_on_16_cta_clusters(op, m, variant, poison):
     """float32 rows of 131072 run their backward on sm_90's 16-CTA clusters
-    (slices of 8192, 16 elements a thread: benchmarks/NOTES.md entry 68)
+    (slices of 8192, 16 elements a thread: docs/history.md entry 68)
     rather than 8 spilling slices or the split design; forward and backward
     match the reference, contiguous and row-strided, and dW / dB are the same
     bits on every run."""
@@ -491,7 +491,7 @@ def test_deferred_cluster_sums_change_no_bit(op, m, n, dtype, cluster, poison):
 )  # fmt: skip
 def test_layer_norm_deferred_slices_two_ctas_an_sm(m, n, dtype, variant, cluster, poison):
     """LayerNorm's dW and dB on 16-bit rows of up to 16384 elements: deferred
-    cluster slices on 256-thread CTAs, two an SM (NOTES entries 52 and 55: on
+    cluster slices on 256-thread CTAs, two an SM (docs/history.md entries 52 and 55: on
     sm_90 16 CTAs a row, 4 for rows short of 16384 in grids of 2048+ rows; 8
     elsewhere). dx is bitwise that of the same cluster meeting at every row
     block on 512-thread CTAs (the same row groups and merge order); dW and dB
@@ -855,7 +855,7 @@ def test_grid_groups_replay_from_a_graph(op):
      (5120, torch.bfloat16, "weight"), (5120, torch.float16, "mixed"), (4608, torch.bfloat16, "zero_centered")],
 )  # fmt: skip
 def test_rms_norm_backward_deep_ring_and_two_per_sm_prefetch(n, dtype, variant, poison):
-    """RMSNorm backward rules of NOTES entry 46: one-row CTAs alone on their SM
+    """RMSNorm backward rules of docs/history.md entry 46: one-row CTAs alone on their SM
     stage through a 3-stage ring (N = 16384, 192 KB), and one-row CTAs two per
     SM with kept terms prefetch their next row (N = 4608 / 5120). Many rows a
     CTA, a grid of fewer rows than SMs, and row-strided rows match the

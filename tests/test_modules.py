@@ -926,7 +926,7 @@ def test_backward_ring_depth_override(op, stages):
      ("rms_norm", (256, 16384), "sm_90", 2, False)],
 )  # fmt: skip
 def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stages, prefetch):
-    """NOTES entry 46: a one-row CTA whose two-stage ring keeps any second CTA
+    """docs/history.md entry 46: a one-row CTA whose two-stage ring keeps any second CTA
     off its SM stages through three; one-row 16-bit RMSNorm CTAs two per SM
     with kept terms prefetch their next row; both only in grids of more than
     4 row blocks per SM. Overrides still decide. (sm_90 splits 16-bit rows of
@@ -949,7 +949,7 @@ def test_backward_deep_ring_and_two_per_sm_prefetch_rules(op, shape, arch, stage
      ((16384, 5120), BF16, "sm_90", 2), ((16384, 7168), BF16, "sm_90", 1)],
 )  # fmt: skip
 def test_rms_norm_backward_two_ctas_an_sm_only_where_registers_fit(shape, dtype, arch, blocks):
-    """NOTES entry 65: a one-row RMSNorm backward CTA runs two an SM only where
+    """docs/history.md entry 65: a one-row RMSNorm backward CTA runs two an SM only where
     its dW accumulators and row values (2 x 32 registers at 32 elements a
     thread) and 32 more fit half the register file: CTAs of 352-448 threads at
     32 elements (11264-14336) run one an SM (they spilled at two); 288-320
@@ -1010,7 +1010,7 @@ GRID_EXCHANGE = 1 << 31  # deferred slices as groups of a cooperative launch (en
      ("layer_norm", (4096, 16384), {}, "sm_80", 1, False)],
 )  # fmt: skip
 def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, deferred):
-    """NOTES entries 51-53: 16-bit column-cluster rows collect the cluster's
+    """docs/history.md entries 51-53: 16-bit column-cluster rows collect the cluster's
     row sums one row block late (kDeferStats, a 3-stage ring) for one gradient
     set, and for two past 65536 elements or up to 16384 (there on 256-thread
     CTAs, two an SM: on sm_90 16 CTAs a row, or 4 for rows short of 16384 in
@@ -1078,7 +1078,7 @@ def test_backward_deferred_cluster_sums_rule(op, shape, kw, arch, cluster, defer
      ("layer_norm", (4096, 14336), {"bias": False}, "sm_90", 8, 512)],  # dW alone: the fill rule's 4x
 )  # fmt: skip
 def test_backward_staged_slices_rule(op, shape, kw, arch, slices, block):
-    """NOTES entry 64: on sm_90, 16-bit rows of 8193-16384 elements that one
+    """docs/history.md entry 64: on sm_90, 16-bit rows of 8193-16384 elements that one
     CTA would stage (RMSNorm) split into deferred slices of 8192 in grids of
     128+ rows where the slices' CTAs hold at least as many threads; with dW and
     dB (LayerNorm, 16-bit gamma and beta, 2048+ rows) the pair plan gives way
@@ -1434,7 +1434,7 @@ def test_few_row_grids_fetch_gamma_beside_the_row(op, m, n, fetch):
 def test_wide_layer_norm_rows_preload_gamma_and_beta(op, m, n, kw, preload):
     """16-bit LayerNorm rows with 16-bit gamma and beta that one 512-thread CTA
     an SM caches in registers (launch bounds of one: 128 registers a thread)
-    load both beside the row (kPreloadAffine, NOTES entry 53); nothing else in
+    load both beside the row (kPreloadAffine, docs/history.md entry 53); nothing else in
     a full grid does, cluster slices of the same shape included."""
     kw = {"dtype": BF16, **kw}
     plan = rtcnorm.explain(op, (m, n), device="cpu", sm_count=132, arch="sm_90", **kw)

@@ -1,10 +1,14 @@
 """Every RMSNorm / LayerNorm kernel variant compiles with NVRTC, with no GPU.
 
-The CI set is sized for two cores: every flag, dtype and mode for one row
-length on sm_90 (LayerNorm: bf16 only); every launch-plan class in float32, spread over sm_80, sm_90
-and sm_100; the bf16 RMSNorm kernels of the automatic mode on sm_80 and
-sm_100. ``--run-slow`` compiles the full cross product of row lengths,
-dtypes, modes and archs.
+These sweeps compile thousands of kernels and are marked ``slow`` (run
+them with ``--run-slow``): every flag, dtype and mode for one row length on
+sm_90 (LayerNorm: bf16 only); every launch-plan class in float32, spread over
+sm_80, sm_90 and sm_100; staged, column-CTA and cluster backwards on every
+arch; the bf16 RMSNorm kernels of the automatic mode on sm_100 (sm_80's
+run every time: precompile's flag coverage); and the full cross product of
+row lengths, dtypes, modes and archs. Every run compiles one planned kernel
+of each design for each dtype and arch instead
+(test_compile_representatives.py).
 """
 
 from __future__ import annotations
@@ -137,6 +141,7 @@ def check_flag_coverage(op, kernels, dtypes):
 
 # LayerNorm shares the kernel bodies and the dtype handling with RMSNorm, so
 # one 16-bit type (with its float32-weight twins) is enough for it here.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("op", "dtypes"), [("rms_norm", DTYPES), ("layer_norm", (torch.bfloat16,))], ids=["rms_norm", "layer_norm"]
 )
@@ -162,6 +167,7 @@ def test_every_flag_dtype_and_mode_compiles_for_sm_90(op, dtypes):
             assert kernel in names, (d, rows, kernel)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
 @pytest.mark.parametrize("op", OPS)
 def test_staged_backward_compiles_on_every_arch(op, arch):
@@ -184,6 +190,7 @@ def test_staged_backward_compiles_on_every_arch(op, arch):
     assert split == ({32768} if arch == "sm_80" else set())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
 @pytest.mark.parametrize("op", OPS)
 def test_column_grads_backward_compiles_on_every_arch(op, arch):
@@ -203,10 +210,11 @@ def test_column_grads_backward_compiles_on_every_arch(op, arch):
         assert grads == {WANT_DW, WANT_DB, WANT_DW | WANT_DB}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", OPS)
 def test_sixteen_cta_column_clusters_compile_on_sm_90(op):
     """16-bit backward rows of 131072 elements take deferred slices of 8192 on
-    16-CTA clusters (sm_90's non-portable size; NOTES entry 53); the residual's
+    16-CTA clusters (sm_90's non-portable size; docs/history.md entry 53); the residual's
     dh keeps its own plan. Their forward stays on clusters of 8."""
     kernels = compile_variants(op, [131072], [torch.bfloat16], [None], "sm_90")
     bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]
@@ -219,6 +227,7 @@ def test_sixteen_cta_column_clusters_compile_on_sm_90(op):
     assert fwd and not any(k["flags"] & CLUSTER16 for k in fwd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", OPS)
 def test_every_plan_class_compiles_on_every_arch(op):
     for n, (expected, arch) in PLAN_CLASS_N.items():
@@ -249,6 +258,7 @@ def test_every_plan_class_compiles_on_every_arch(op):
             assert any(k["kernel"] == f"{op}_bwd" and not k["flags"] & CACHED_ROW for k in reload)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", OPS)
 def test_long_rows_stay_in_registers_when_shared_memory_is_turned_off(op):
     """The 1024-thread register-cached class: a 128 KB float32 row with the
@@ -260,7 +270,9 @@ def test_long_rows_stay_in_registers_when_shared_memory_is_turned_off(op):
     assert all(k["flags"] & CACHED_ROW and not k["flags"] & SMEM_ROW for k in fwd)
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_100"])
+# sm_80 on every run: precompile's flag coverage (every weight, zero-centred,
+# residual and gradient combination of bf16 RMSNorm) at CI cost.
+@pytest.mark.parametrize("arch", ["sm_80", pytest.param("sm_100", marks=pytest.mark.slow)])
 def test_bf16_kernels_compile_on_other_archs(arch):
     kernels = compile_variants("rms_norm", [4096], [torch.bfloat16], [None], arch)
     check_flag_coverage("rms_norm", kernels, [torch.bfloat16])

@@ -3,7 +3,7 @@
 ``explain(..., resources=True)`` compiles each planned kernel with NVRTC and
 returns ptxas' registers and spill bytes. These tests hold the plans of the
 standard benchmark shapes to a small spill budget, and the launch bounds that
-benchmarks/NOTES.md entries 67-68 set to keep rows out of local memory (where
+docs/history.md entries 67-68 set to keep rows out of local memory (where
 ptxas used to spill 88-384 bytes a thread) to none or nearly none, so that a
 planner change that lets a row spill fails here rather than in a benchmark.
 The report is that of the NVRTC this process loads, for sm_90.
@@ -85,10 +85,20 @@ def test_explain_resources_of_a_ptx_only_arch_are_none():
     assert plan["ptxas"] is None and plan["backward"]["ptxas"] is None
 
 
+# bf16 on every run; the other variants compile another ~450 kernels: slow.
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize(
     "dtype,variant",
-    [(BF16, "plain"), (BF16, "float32 weight"), (BF16, "residual"), (FP16, "plain"), (FP32, "plain")],
+    [
+        (BF16, "plain"),
+        pytest.param(BF16, "float32 weight", marks=SLOW),
+        pytest.param(BF16, "residual", marks=SLOW),
+        pytest.param(FP16, "plain", marks=SLOW),
+        pytest.param(FP32, "plain", marks=SLOW),
+    ],
     ids=["bf16", "bf16-w32", "bf16-residual", "fp16", "fp32"],
 )
 def test_standard_shapes_plan_kernels_that_barely_spill(op, dtype, variant):

@@ -5,9 +5,16 @@ length and launch configuration asked for, then cached in memory and on disk.
 Importing rtcnorm needs no GPU, driver or CUDA toolkit.
 """
 
-import torch  # noqa: F401  (libtorch must be loaded before the extension)
+import torch  # libtorch must be loaded before the extension
 
-from . import _nvrtc_paths
+from . import _build_info, _nvrtc_paths
+
+if torch.__version__.split("+")[0].split(".")[:2] != _build_info.TORCH_MAJOR_MINOR.split("."):
+    raise ImportError(
+        f"rtcnorm was built against torch {_build_info.TORCH_VERSION} and links against that libtorch, "
+        f"but torch {torch.__version__} is imported: install torch {_build_info.TORCH_MAJOR_MINOR}.x "
+        "or rebuild rtcnorm against this torch (make build, or pip install --no-build-isolation .)"
+    )
 
 _nvrtc_paths.register()
 

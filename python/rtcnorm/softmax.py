@@ -25,7 +25,24 @@ from .modes import dtype_name
 
 
 def scaled_softmax(input: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """``softmax(input * scale)`` over the last dim."""
+    """``softmax(input * scale)`` over the last dim, in one kernel.
+
+    Args:
+        input: scores of any shape with at least one dim; float16, bfloat16 or
+            float32 on CUDA (float64 too on the CPU). Any last-dim length.
+        scale: multiplies ``input`` before the softmax (e.g. ``1 / sqrt(head_dim)``).
+
+    Returns:
+        A tensor of ``input``'s shape and dtype; the math is float32 inside.
+        Differentiable: the backward reads only this output and the incoming
+        gradient.
+
+    Example::
+
+        scores = torch.randn(2, 16, 128, 128, device="cuda", dtype=torch.bfloat16)
+        probs = rtcnorm.scaled_softmax(scores, 128**-0.5)
+        # equals torch.softmax(scores.float() * 128**-0.5, -1).bfloat16() to bf16 rounding
+    """
     return torch.ops.rtcnorm.scaled_softmax(input, float(scale))
 
 
@@ -36,12 +53,28 @@ def scaled_masked_softmax(input: torch.Tensor, mask: torch.Tensor, scale: float 
     against ``(b, h, sq, sk)``. It is read through its broadcast strides, never
     materialised (except a mask broadcast along the last dim, which is expanded
     along that dim only).
+
+    A row whose every element is masked out is all zeros with zero gradient
+    (``torch.softmax`` after ``masked_fill(mask, -inf)`` gives NaN there);
+    elsewhere the result equals that masked_fill-then-softmax.
+
+    Example::
+
+        pad = torch.zeros(b, 1, sq, sk, dtype=torch.bool, device=x.device)
+        pad[..., sk - 4 :] = True                      # hide the last 4 keys of every query
+        probs = rtcnorm.scaled_masked_softmax(x, pad, 0.125)   # x: (b, h, sq, sk)
     """
     return torch.ops.rtcnorm.scaled_masked_softmax(input, mask, float(scale))
 
 
 def scaled_upper_triang_masked_softmax(input: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """Causal softmax over ``(..., sq, sk)`` with ``sq == sk``: query i sees keys ``j <= i``."""
+    """Causal softmax over ``(..., sq, sk)`` with ``sq == sk``: query i sees keys ``j <= i``.
+
+    The masked upper triangle is never read and is written as zeros, so the
+    op moves about half the bytes of a full softmax. ``input`` needs at least
+    two dims, and its last two must be equal; for a KV cache longer than the
+    queries use :func:`scaled_aligned_causal_masked_softmax`.
+    """
     return torch.ops.rtcnorm.scaled_upper_triang_masked_softmax(input, float(scale))
 
 
@@ -50,7 +83,13 @@ def scaled_aligned_causal_masked_softmax(input: torch.Tensor, scale: float = 1.0
 
     Query i sees keys ``j <= i + (sk - sq)``: the last query sees every key.
     Covers decode (``sq == 1``) and chunked prefill; equals
-    :func:`scaled_upper_triang_masked_softmax` when ``sq == sk``.
+    :func:`scaled_upper_triang_masked_softmax` when ``sq == sk``. Keys past
+    each query's diagonal are never read and are written as zeros.
+
+    Example::
+
+        q_scores = torch.randn(1, 32, 1, 4096, device="cuda", dtype=torch.float16)  # one new token
+        probs = rtcnorm.scaled_aligned_causal_masked_softmax(q_scores, 0.125)   # sees all 4096 keys
     """
     return torch.ops.rtcnorm.scaled_aligned_causal_masked_softmax(input, float(scale))
 
