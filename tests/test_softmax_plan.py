@@ -1,7 +1,7 @@
 """The softmax planner's choices, read from its trace (rtcnorm.softmax.explain), without a GPU.
 
 Table-driven: each row is a problem and the design, knobs and launch the
-planner must pick for it. The plans are today's (benchmarks/NOTES.md has the
+planner must pick for it. The plans are today's (docs/history.md has the
 measurements behind them); tests/plan/softmax_plan_diff.py compares whole
 sweeps between trees. Nothing here reads explain's text.
 """

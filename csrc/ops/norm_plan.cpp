@@ -169,7 +169,7 @@ class Reason {
 
 // Memory-hint flag bits: evict-first stores (kStreamStore) and the next-row-
 // block L2 prefetch of a grid-stride loop (kPrefetchNext); each caller's rule
-// comes from the H100 sweep in benchmarks/NOTES.md (entry 7). A tuning
+// comes from the H100 sweep in docs/history.md (entry 7). A tuning
 // override (1 + the bits >> 9) replaces the rule.
 // Rows at or below this width are "narrow": many rows share a CTA.
 constexpr int kDefaultNarrowRow = 512;
@@ -193,7 +193,7 @@ constexpr int kNarrowPersistentBlocksPerSm = 16;
 // such CTAs an SM then issues every row's loads in a round or a few: no
 // persistent loop, and no 4-vector threads to fit one round of four CTAs
 // (narrow_vecs_target). H100 kernel-only, L2 flushed, bf16, us
-// (benchmarks/NOTES.md entry 70): 6144x128 3.46 -> 3.08, 8192x128 3.81 ->
+// (docs/history.md entry 70): 6144x128 3.46 -> 3.08, 8192x128 3.81 ->
 // 3.34, 16384x128 5.48 -> 4.62, 32768x128 7.75 -> 7.22 (torch.compile's
 // kernel 7.14), 65536x128 14.02 -> 13.82, 4096x256 3.92 -> 3.40, 16384x256
 // 7.60 -> 7.00, 65536x256 25.85 -> 25.29, 32768x64 5.36 -> 4.88, but
@@ -208,7 +208,7 @@ constexpr int kNarrowPersistentBlocksPerSm = 16;
 // registers and fits 48 with its gamma and beta loaded beside x
 // (kPreloadAffine, dense_narrow_preload): 1280 threads, five CTAs an SM. It
 // pays where the grid has at least 12 such CTAs an SM, past the four-vector
-// persistent grids (H100 kernel-only, L2 flushed, bf16, us, NOTES entry 71:
+// persistent grids (H100 kernel-only, L2 flushed, bf16, us, docs/history.md entry 71:
 // 32768x256 14.93 -> 14.16, 65536x256 26.85 -> 25.65, 131072x256 49.63 ->
 // 48.69, 65536x128 15.18 -> 14.13, 131072x128 26.98 -> 25.98, 262144x128
 // 49.52 -> 49.04); at 8 an SM and fewer it lost 2-4% (16384x256 7.87 ->
@@ -245,7 +245,7 @@ static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_n
   return (stream_store ? kStreamStore : 0u) | (prefetch_next ? kPrefetchNext : 0u);
 }
 
-// H100 sweep (benchmarks/NOTES.md, entry 10): a long row kept in registers
+// H100 sweep (docs/history.md, entry 10): a long row kept in registers
 // spills once a residual joins it (RMSNorm + residual at N = 16384: 1455 GB/s
 // from registers, 2776 from shared memory), and LayerNorm's gamma and beta
 // crowd it past 64 KB rows (1024x65536: 1490 -> 1869), or at 32 KB float32
@@ -268,7 +268,7 @@ static unsigned hint_bits(int override_value, bool stream_store, bool prefetch_n
 // registers (288 bytes at N = 65536), and so did the evict-first stores'
 // addresses (236), which also take the prefetch of the next row
 // (wide_ln_register_row's plans drop all three). H100 kernel-only, bf16, us
-// (benchmarks/NOTES.md entry 76), shared-memory rows or cluster slices ->
+// (docs/history.md entry 76), shared-memory rows or cluster slices ->
 // this: 1024 / 4096 x 40960 75.0 -> 65.7, 303.5 -> 234.5; x 49152 98.4 ->
 // 80.8, 336.6 -> 285.6; x 57344 97.4 -> 91.7, 378.5 -> 331.5; 65536 lost at
 // 256 and 512 rows (29.9 -> 30.3, 54.2 -> 55.1: a row then spread over a
@@ -317,7 +317,7 @@ static bool wide_ln_row(const NormProblem& p, int cta_threads, int thread_bytes)
 // low_residency below) where those would hold fewer than 512 threads. At 80
 // registers ptxas spilled 48-60 bytes (N = 6144-7168, 192-224 threads), and
 // rows of 257-320 threads had run one CTA an SM (wide_ln_row) where two fit
-// 96. H100 kernel-only, us (benchmarks/NOTES.md entry 68; x 4096 / 16384
+// 96. H100 kernel-only, us (docs/history.md entry 68; x 4096 / 16384
 // rows): 7168 (224 threads, 3 -> 1) 88.5 -> 86.1, 342.3 -> 329.2, 65536 rows
 // 1360.7 -> 1301.1; 9216 (288, 1 -> 2) 113.1 -> 104.1, 431.7 -> 403.3; 10240
 // (320, 1 -> 2) 125.3 -> 115.2. Unchanged: 160 threads (5120: 4 leave 96),
@@ -336,7 +336,7 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
 }
 
 // Vectors per thread of a narrow forward row (H100 kernel-only sweep,
-// benchmarks/NOTES.md entry 24). Launch bounds hold a narrow CTA to 1024
+// docs/history.md entry 24). Launch bounds hold a narrow CTA to 1024
 // threads per SM, so the bytes each thread has in flight set the rows in
 // flight. Two 16-byte vectors per thread is the base. LayerNorm, whose two
 // row reductions per row weigh more, takes 4 (bf16 65536x256: 1997 -> 2203
@@ -353,7 +353,7 @@ static int smem_row_vecs(const NormProblem& p, int64_t row_bytes) {
 // of the CTAs launch bounds keep resident (1024 threads per SM): every load
 // of x is then issued at once, where 2 vectors take two rounds (H100,
 // CUDA-graph replay, bf16, us: 32768x128 12.06 -> 11.26, 16384x256 12.02 ->
-// 11.42; at two rounds, 65536x128, 4 lost 3.7%; benchmarks/NOTES.md entry 35).
+// 11.42; at two rounds, 65536x128, 4 lost 3.7%; docs/history.md entry 35).
 static int narrow_vecs_target(const NormProblem& p, int sm_count, int cta_threads) {
   constexpr int kBase = kNarrowBaseVecs, kMinThreadsPerRow = 4, kMinBlocksPerSm = 2, kOneRoundVecs = 4;
   if (p.residual) return kBase;
@@ -386,7 +386,7 @@ int64_t few_rows_max(const NormProblem& p, int sm_count) {
 static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kWideVecs; }
 
 // L1 prefetch of gamma/beta beside the row's loads (kPrefetchAffine); a
-// tuning override of 1 / 2 forces it off / on. H100 (benchmarks/NOTES.md
+// tuning override of 1 / 2 forces it off / on. H100 (docs/history.md
 // entry 17): where a grid has at most one CTA per SM, each CTA's gamma load
 // after the row reduction is a DRAM or L2 round trip nothing else hides, and
 // the prefetch gains 10-20% per call (RMSNorm 128x4096: 261 -> 320 GB/s).
@@ -396,7 +396,7 @@ static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kW
 // A register-cached row of the few-row layout (at most kLatencyVecs vectors a
 // thread) loads its gamma/beta vectors into registers beside x instead
 // (kPreloadAffine): no L1 round trip after the reduction, and the prefetch
-// instructions go. H100 kernel-only, bf16, us (benchmarks/NOTES.md entry
+// instructions go. H100 kernel-only, bf16, us (docs/history.md entry
 // 39): RMSNorm 1x4096 2.35 -> 2.14, 128x4096 3.06 -> 2.88; LayerNorm 1x4096
 // 2.64 -> 2.49, 128x4096 3.38 -> 3.20; 256x4096 / 256x8192 within 1.5%.
 // Rows of more vectors a thread keep the prefetch: RMSNorm 1x65536 (8
@@ -406,7 +406,7 @@ static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kW
 // So does a 16-bit LayerNorm row of 16-bit gamma and beta on a 512-thread CTA
 // alone on its SM (wide_ln_row, 128 registers a thread): its 64 registers of
 // packs fit beside the row, and the normalize step waits on no L2 round trip
-// after the reduction (H100 kernel-only, bf16, us, NOTES entry 53: 1024x32768
+// after the reduction (H100 kernel-only, bf16, us, docs/history.md entry 53: 1024x32768
 // 54.4 -> 53.3, 2048x32768 101.5 -> 97.6, 4096x32768 196.4 -> 187.6).
 // 384-thread CTAs (2048x24576: 81.3 -> 82.6) and the same slices of a
 // cluster (256x262144: 165.8 -> 189.1) lost with it; RMSNorm's rows of
@@ -416,7 +416,7 @@ static int wide_vecs_target(bool few_rows) { return few_rows ? kLatencyVecs : kW
 // (packs_fit): the dense narrow LayerNorm rows (dense_narrow_threads), and
 // 16-bit rows of 128-thread CTAs in one wave at four an SM (128 registers a
 // thread for a row of at most 128 bytes). H100 kernel-only, L2 flushed, bf16,
-// us (NOTES entry 71): LayerNorm 3072x1024 6.72 -> 6.57, 4096x1024 8.07 ->
+// us (docs/history.md entry 71): LayerNorm 3072x1024 6.72 -> 6.57, 4096x1024 8.07 ->
 // 7.81, 2048x2048 8.08 -> 7.82, 768x4096 7.37 -> 7.01, 384x8192 7.45 -> 7.10
 // (512x8192 8.12 -> 8.17); RMSNorm 2560x1024 5.57 -> 5.38, 3072x1024 6.20 ->
 // 5.81, 1536x2048 6.28 -> 6.04, 1024x4096 7.78 -> 7.37, 512x8192 7.81 ->
@@ -462,7 +462,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   const bool narrow = p.hidden <= kNarrowRow;
   // H200 sweeps: wide rows want 8 x 16 B in flight per thread and 128-thread
   // CTAs. Narrow rows share 256-thread CTAs; narrow_vecs_target gives their
-  // vectors per thread (H100 sweep, benchmarks/NOTES.md entry 24).
+  // vectors per thread (H100 sweep, docs/history.md entry 24).
   const int kCtaThreads = pick(t.fwd_cta_threads, narrow ? 256 : 128);
   const bool few_rows = !narrow && p.rows <= few_rows_max(p, sm_count);
   // Narrow rows the dense rule takes run at its two vectors a thread.
@@ -503,7 +503,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // Longer rows spill there (LayerNorm N = 6144: 144 bytes, 7168: 44), and so
   // do rows beside a residual (80-96 bytes), so those keep 4.
   //
-  // Rows of 81-128 bytes per thread (H100 sweep, benchmarks/NOTES.md entry
+  // Rows of 81-128 bytes per thread (H100 sweep, docs/history.md entry
   // 15): 16-bit rows with 16-bit gamma/beta in 128-thread CTAs gain 1-15% at
   // 7 or 8 CTAs per SM, where ptxas spills at most 16 bytes: 8 when the CTA
   // holds two or more rows (N <= 4096), 7 (72 registers) for one row, where
@@ -514,28 +514,28 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // whether the CTA holds one row or several: with one affine tensor ptxas
   // fits 64 registers without spilling (H100, kernel-only, 4 -> 8, us:
   // 4096x768 14.5 -> 13.0, 4096x1024 17.9 -> 15.8, 4096x2048 29.2 -> 28.1,
-  // 4096x4096 51.8 -> 49.9; 16384-32768 rows 0-2.7%; benchmarks/NOTES.md
+  // 4096x4096 51.8 -> 49.9; 16384-32768 rows 0-2.7%; docs/history.md
   // entry 32).
   //
   // LayerNorm rows with float32 gamma and beta there spill at 64 registers
   // but not at 80 (6 CTAs, float32 rows) or 96 (5, 16-bit rows), and run
   // 0.4-3.8% faster than at 4 (H100, kernel-only, us: float32 4096x1024
   // 18.3 -> 17.6, 4096x2048 30.0 -> 28.9; bf16 rows 16384x1024 33.0 -> 31.9,
-  // 4096x4096 33.0 -> 32.0; benchmarks/NOTES.md entry 33).
+  // 4096x4096 33.0 -> 32.0; docs/history.md entry 33).
   //
   // A grid of at most one CTA per SM (decode-sized M) is latency-bound, not
   // occupancy-bound: launch bounds of one CTA per SM cost it nothing, and
   // ptxas issues the row's loads together with registers to spare (H100,
   // 8..128 x 4096: 4 against 8 +5-25% per call; 1 against 4, kernel-only,
   // 0-3%: bf16 RMSNorm 32x4096 2.34 -> 2.29 us, LayerNorm 2.67 -> 2.61,
-  // LayerNorm 64x8192 3.52 -> 3.46; benchmarks/NOTES.md entry 48).
+  // LayerNorm 64x8192 3.52 -> 3.46; docs/history.md entry 48).
   //
   // So does a 16-bit grid of more than 2 and at most 4 CTAs per SM, which
   // the 4-CTA bound still runs in one wave (H100, CUDA-graph replay, bf16,
   // 2.5-4 CTAs per SM at N = 1024 / 2048 / 4096: LayerNorm +6-10% against 8,
   // e.g. 4096x1024 12.8 -> 12.0 us; RMSNorm +1-5.5%). At 2 per SM and below
   // the 8-CTA build is as fast or 9-11% faster (LayerNorm), past 4 the
-  // second wave costs 9-14%; benchmarks/NOTES.md entry 35.
+  // second wave costs 9-14%; docs/history.md entry 35.
   const int thread_bytes = nv_row * vec * esize;
   const int wsize = jit::element_size(p.wdtype);
   const bool small_grid = plan.row_blocks <= sm_count;
@@ -570,7 +570,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // beside float32 gamma and beta (N = 16384, 256 threads: 264 bytes at 64,
   // 124 at 80); float32 rows spill 148 bytes at 72 (N = 7168, 224 threads)
   // and 48 at 80. They take the most CTAs that leave 96 registers (float32
-  // rows: fp32_ln_row_blocks, entry 68). H100 kernel-only, us (benchmarks/NOTES.md
+  // rows: fp32_ln_row_blocks, entry 68). H100 kernel-only, us (docs/history.md
   // entry 67, float32 at 80 registers): bf16 4096x12288 86.0 -> 71.8, 4096x14336 135.4 -> 94.0 (two
   // CTAs an SM: a persistent grid), float32 16384x7168 492.5 -> 346.1, bf16
   // rows with float32 gamma/beta 4096x16384 207.3 -> 98.5, 512x131072 208.3
@@ -594,7 +594,7 @@ static NormFwdPlan plan_fwd_cta(const NormProblem& p, NormMode requested, int sm
   // therefore prefetches into L2 the row block a device-full of CTAs ahead
   // (the one the CTA that next takes its SM will load) and stores
   // evict-first. This replaces low_residency's persistent grid for rows of
-  // 257-511 threads. H100 kernel-only, L2 flushed, us (benchmarks/NOTES.md
+  // 257-511 threads. H100 kernel-only, L2 flushed, us (docs/history.md
   // entry 62): bf16 512 / 1024 / 2048 / 4096 / 8192 x 32768 31.1 -> 26.8,
   // 52.8 -> 48.2, 97.6 -> 93.1, 187.9 -> 184.4, 472.0 -> 409.3; fp16
   // 2048x32768 97.9 -> 93.1; bf16 2048x24576 81.6 (persistent) -> 71.7,
@@ -802,7 +802,7 @@ struct BwdCtaHint {
   int max_tpr = 0;  // threads a row at most (0: the layout's choice)
 };
 
-// H100 kernel-only sweep (benchmarks/NOTES.md, entry 20): staging 16-bit rows
+// H100 kernel-only sweep (docs/history.md, entry 20): staging 16-bit rows
 // of 7168+ elements through shared memory gains 2-13% over registers
 // (RMSNorm 4096x16384 1962 -> 2142 GB/s, 16384x7168 2265 -> 2406, LayerNorm
 // 16384x8192 2414 -> 2542); narrower rows lose 5-10% (RMSNorm 16384x4096 2613
@@ -818,7 +818,7 @@ static bool stage_rule(const NormProblem& p, bool grad_dh) {
 // CTA of just its rows (no idle row groups in its barriers); up to 32 row
 // blocks of 128-thread (or one-row) CTAs put more SMs on the rows, whose extra
 // fp32 partial rows stay few. H100 kernel-only, bf16, persisting L2 lines reset,
-// median of 3 (benchmarks/NOTES.md entry 43), 512 threads -> this rule, us:
+// median of 3 (docs/history.md entry 43), 512 threads -> this rule, us:
 // 2x1024 2.77 -> 2.48, 16x1024 4.50 -> 3.78, 64x1024 4.60 -> 4.24, 2x2048 2.94 ->
 // 2.69, 8x2048 4.53 -> 3.78, 32x2048 4.63 -> 4.24, 8x4096 4.78 -> 4.44, 16x4096
 // 4.90 -> 4.64, 32x4096 5.15 -> 5.07. Past 32 such row blocks the partial rows
@@ -851,7 +851,7 @@ constexpr int kDeepPipeRowBlocksPerSm = 4;
 constexpr const char* kDirectGradsWhy =
     "; one row block: its CTA writes its column sums as the gradients (no partial rows, no column reduce)";
 constexpr const char* kPartialRowsWhy = "; grid = SMs x occupancy, one fp32 partial row per CTA";
-// early_direct_grads (H100, bf16, us, benchmarks/NOTES.md entry 77: RMSNorm
+// early_direct_grads (H100, bf16, us, docs/history.md entry 77: RMSNorm
 // 1x4096 2.23 -> 2.12, LayerNorm 2.48 -> 2.29, float32 RMSNorm 2.57 -> 2.35).
 constexpr const char* kEarlyGradsWhy = "; the gradients are stored before the row reduction";
 
@@ -913,7 +913,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   plan.cached = nv_row * vec <= kBwdCacheElems && (tpr <= 512 || p.kind == kRmsNorm);
   // A single row (decode) takes a CTA of one row group (at least a warp):
   // no idle groups in its barriers and no bundles to combine. H100
-  // kernel-only, bf16 (benchmarks/NOTES.md entry 39): RMSNorm 1x4096 2.97 ->
+  // kernel-only, bf16 (docs/history.md entry 39): RMSNorm 1x4096 2.97 ->
   // 2.45 us, LayerNorm 1x4096 3.71 -> 2.65.
   const int base_threads = p.rows == 1 ? std::max(32, tpr) : (narrow ? 1024 : pick(hint.cta_threads, 512));
   const int row_threads =
@@ -944,7 +944,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   const int threads = tpr * rows;
   // A one-row RMSNorm CTA whose kept terms (kKeepTerms, below) fit one CTA's
   // registers but not two's (N = 6144 and 7168: 384 and 448 threads) runs one
-  // per SM and keeps them. H100 graph replay, bf16 (benchmarks/NOTES.md entry
+  // per SM and keeps them. H100 graph replay, bf16 (docs/history.md entry
   // 38): 16384x6144 229.3 -> 221.0 us, 16384x7168 284.1 -> 265.9; N = 5120
   // keeps them at two per SM (187.0 us; 193.8 at one).
   // Whether `regs` registers a thread fit launch bounds of `blocks_per_sm`
@@ -962,7 +962,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // and the row's values (2 x 32 registers at 32 elements a thread) and 32
   // more fit: rows of 11264-14336 16-bit elements in CTAs of 352-448 threads
   // spilled 160-350 bytes at two an SM (ptxas, sm_90 / sm_100) and ran at
-  // 47-57% of copy; one an SM, H100 kernel-only, bf16 (benchmarks/NOTES.md
+  // 47-57% of copy; one an SM, H100 kernel-only, bf16 (docs/history.md
   // entry 65): 4096x12288 179.5 -> 125.9 us, 4096x14336 257.4 -> 152.0,
   // 64x12288 14.5 -> 12.0; 320 threads (10240, 102 registers) keep two.
   // Rows of at most 16 cached elements a thread without kept terms spilled
@@ -993,7 +993,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // most 16 cached elements (N = 1K..8K) and loses up to 40% where registers
   // are tight (1024-thread narrow CTAs, 32 cached elements, two CTAs of
   // 320-448 threads at N = 5120 / 7168). A lone CTA under 512 threads of one
-  // or two rows has registers to spare for it (LayerNorm, benchmarks/NOTES.md
+  // or two rows has registers to spare for it (LayerNorm, docs/history.md
   // entry 17, bf16 16384 rows: N = 3072 2048 -> 2335 GB/s, 6144 2058 -> 2295,
   // 7168 2168 -> 2382); three rows of 160 threads (N = 2560) lost 12%.
   // Evict-first stores help wide rows and narrow LayerNorm rows.
@@ -1006,7 +1006,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // (H100, bf16 RMSNorm 4096x16384, 128 KB -> 192 KB: 181.8 -> 160.5 us).
   // Rings of two CTAs per SM (64 KB: 4096x8192, 16384x8192, 16384x7168,
   // 256x8192) and column-cluster slices of 2-4 rows (2048x32768, 1024x65536,
-  // LayerNorm 4096x16384) lost 0-10% with three (benchmarks/NOTES.md entry 46).
+  // LayerNorm 4096x16384) lost 0-10% with three (docs/history.md entry 46).
   // Both this and the prefetch rule below take grids of several row blocks a
   // CTA (more than kDeepPipeRowBlocksPerSm per SM): with one or two a CTA the
   // deeper pipeline has nothing to fetch ahead (256x16384 22.4 -> 22.7 us,
@@ -1029,7 +1029,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
   // cut the loop's instructions by a quarter or more and gain 1-9% wherever
   // they fit the launch bounds' registers (H100, CUDA-graph replay, bf16:
   // RMSNorm 16384x8192 303 -> 287 us, 4096x4096 48.5 -> 45.0, LayerNorm
-  // 16384x7168 300 -> 281, 4096x1024 21.3 -> 19.7; benchmarks/NOTES.md entry
+  // 16384x7168 300 -> 281, 4096x1024 21.3 -> 19.7; docs/history.md entry
   // 34). Where they do not (32-element cluster slices: 200-400 bytes of
   // spill, 2048x32768 -37%; 7168-wide RMSNorm rows at two 448-thread CTAs
   // per SM, -10%, which therefore run one per SM, above) the rows keep the
@@ -1049,7 +1049,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
       plan.cached && !staged && !narrow && kBwdCacheElems <= 16 && (threads == 512 || lone_cta || rms_two_kept);
   // One row block: the lone CTA's (or cluster's) column sums are dW / dB
   // themselves, written in the weight dtype, and no column reduce runs
-  // (kDirectGrads). H100 graph replay, bf16 (benchmarks/NOTES.md entry 37):
+  // (kDirectGrads). H100 graph replay, bf16 (docs/history.md entry 37):
   // RMSNorm 1x4096 8.35 -> 6.98 us, 1x65536 23.7 -> 11.9; LayerNorm 1x8192
   // 10.8 -> 7.5, 1x65536 36.2 -> 13.2.
   const bool direct = plan.cached && accum && plan.row_blocks == 1 && pick(t.bwd_direct_grads, 2) == 2;
@@ -1083,7 +1083,7 @@ static NormBwdPlan plan_bwd_cta(const NormProblem& p, bool want_dw, bool want_db
 // A wide row is split into CL column slices, one per CTA of a cluster, and
 // each slice is planned as a row of N / CL: the same kernel, whose
 // statistics then meet through distributed shared memory. The rule (from
-// kernel-only sweeps, benchmarks/NOTES.md entry 18):
+// kernel-only sweeps, docs/history.md entry 18):
 // - forward: only rows no single CTA caches, which are then read once
 //   instead of twice: 512x131072 bf16 RMSNorm
 //   1805 -> 2460 GB/s (H100), LayerNorm 1515 -> 1734; rows one CTA caches
@@ -1144,7 +1144,7 @@ static Plan widen_to_cluster(Plan plan, const NormProblem& p, int cl, bool expla
 // passes (the mean, then squared deviations from it) instead of merging
 // (count, mean, M2) triples, which divides at every merge. H100 kernel-only,
 // bf16: 4096x512 6.39 -> 4.98 us, 4096x4096 27.8 -> 26.1, 32x8192 4.80 ->
-// 3.91 (benchmarks/NOTES.md entry 26). Rows of more than two warps each pay
+// 3.91 (docs/history.md entry 26). Rows of more than two warps each pay
 // a second round of CTA barriers; in grids of more than 32 row blocks per SM
 // that cost 1.2-1.5% in 128-thread CTAs, seven or eight an SM (16384x5120,
 // 16384x7168; 0.4-0.6% in entry 63), so those keep the merge, as do rows in
@@ -1174,7 +1174,7 @@ static NormFwdPlan with_stats_rule(NormFwdPlan plan, const NormProblem& p, int s
 // 16-bit LayerNorm rows one CTA would hold in shared memory (past 64 KB)
 // split across a cluster of 8 where the grid has at most 8 rows an SM: each
 // CTA then keeps a slice in registers beside its part of gamma and beta.
-// H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 54): 256x65536 32.0
+// H100 kernel-only, bf16, us (docs/history.md entry 54): 256x65536 32.0
 // -> 29.6, 1024x65536 104.8 -> 102.3 (clusters of 4: 103.1); 2048x65536
 // 197.2 -> 198.2, so more rows keep one CTA a row. RMSNorm's 65536 rows sit
 // in registers and lost as slices (1024x65536 95.0 -> 102.2).
@@ -1211,7 +1211,7 @@ static NormFwdPlan plan_fwd_layout(const NormProblem& p, NormMode requested, int
 // Forward inputs of 40 MB or more (near or past H100's 50 MB L2) are read
 // through L1 (kL1Allocate: 16-bit rows by ordinary loads since entry 72,
 // ld.global.nc before and for float32) rather than around it. H100 kernel-only,
-// L2 flushed, both ways interleaved (benchmarks/NOTES.md entry 27): 1.0-1.5%
+// L2 flushed, both ways interleaved (docs/history.md entry 27): 1.0-1.5%
 // faster from 40 MB of x up (bf16 RMSNorm 16384x8192 182.3 -> 180.0 us,
 // LayerNorm 16384x7168 162.6 -> 160.5, fp32 LayerNorm 8192x8192 188.6 ->
 // 184.7), but 0.5-4% slower at 32 MB and below (LayerNorm 4096x4096 25.7 ->
@@ -1239,7 +1239,7 @@ static NormFwdPlan with_load_rule(NormFwdPlan plan, const NormProblem& p, bool e
 // SM (each SM works on one row at a time either way), and a grid of more
 // than half a wave of them. There clusters of CL whole SMs fit a GPC's SMs
 // only CL at a time (about 120 of 132 at CL = 8) while groups take every SM.
-// H100 kernel-only, cluster -> group, us (benchmarks/NOTES.md entry 60):
+// H100 kernel-only, cluster -> group, us (docs/history.md entry 60):
 // bf16 LayerNorm 16 / 128 / 512 x 262144 17.7 -> 14.3, 81.4 -> 71.7, 297.2
 // -> 249.3; float32 LayerNorm 256x131072 144.9 -> 127.9; bf16 RMSNorm
 // 16x131072 10.9 -> 8.5; float32 RMSNorm 64x262144 59.5 -> 60.9 (the one
@@ -1284,7 +1284,7 @@ static NormFwdPlan with_fwd_grid_exchange(NormFwdPlan plan, NormMode requested, 
 // loads land. The kernel is persistent, its slices a grid group (the ring's
 // stages cap the CTAs an SM, and a group may then take every SM), and y is
 // stored evict-first so that the ring's copies keep L2.
-// H100 kernel-only, bf16 unless marked, us (benchmarks/NOTES.md entry 66),
+// H100 kernel-only, bf16 unless marked, us (docs/history.md entry 66),
 // multi-wave clusters -> deferred groups, y, rstd bitwise equal: RMSNorm
 // 64 / 128 / 256 / 512 / 2048 x 131072 16.4 -> 15.4, 29.0 -> 26.0, 52.1 ->
 // 47.7, 101.1 -> 94.7, 392.8 -> 381.9; fp16 512x131072 101.7 -> 94.2; float32
@@ -1352,7 +1352,7 @@ static NormFwdPlan with_fwd_deferred(NormFwdPlan plan, const NormProblem& p, Nor
 // a branch between the kernel's start and that load. Where every map of the
 // problem is one stride the kernel skips the test. It shows only where that
 // first load is the kernel's critical path, grids of at most one lone CTA an
-// SM. H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 75): forward
+// SM. H100 kernel-only, bf16, us (docs/history.md entry 75): forward
 // LayerNorm 1x4096 2.37 -> 2.25, 32x4096 2.67 -> 2.56, RMSNorm 1x4096 1.98
 // -> 1.95; backward RMSNorm 1x4096 2.30 -> 2.21, 32x4096 2.97 -> 2.90,
 // LayerNorm 1x4096 2.55 -> 2.47. Larger forward grids ran within 1% either
@@ -1406,7 +1406,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
 // while its peers' sums of k arrive, instead of meeting them at every row
 // block. That needs a third ring stage (the row block whose dx waits): with
 // x and dy only, 3 x 32 KB per 512-thread CTA (no residual's dh) on sm_90+.
-// H100 kernel-only, bf16, two-stage meeting -> deferred (benchmarks/NOTES.md
+// H100 kernel-only, bf16, two-stage meeting -> deferred (docs/history.md
 // entry 51): RMSNorm 2048x32768 192.0 -> 167.6 us (slices of 8192),
 // 1024x65536 197.7 -> 177.2, 512x131072 264.3 (split design) -> 198.6;
 // LayerNorm's two gradient sets lost 1-4% (128 registers, spills) except at
@@ -1455,7 +1455,7 @@ constexpr int64_t kBwd16Cluster16MinElems = 131072;
 // splits across twice the CTAs (up to 8): at 24576 elements, clusters of 4
 // give 2 rows of 192 threads (384), clusters of 8 give 5 rows of 96 (480).
 // H100 kernel-only, bf16, L2 flushed, median of 5, clusters of 4 -> 8, us
-// (benchmarks/NOTES.md entry 56): RMSNorm 1024x24576 72.6 -> 67.2,
+// (docs/history.md entry 56): RMSNorm 1024x24576 72.6 -> 67.2,
 // 2048x24576 127.8 -> 121.3, 4096x24576 241.6 -> 227.8; LayerNorm 2048x24576
 // 133.5 -> 128.8. Where both fill the same threads it gained nothing
 // (RMSNorm 32768: 512x 51.2 / 50.8, 2048x 159.6 / 158.8, 4096x 305.8 /
@@ -1483,7 +1483,7 @@ constexpr int64_t kBwd16DeferMidMinRows = 1024;
 // With slices as grid groups (kGridExchange, below), two gradient sets
 // also defer on rows of 32768-65536 elements in grids of many rows, in
 // slices of 8192 (not 16384). H100 kernel-only, bf16 LayerNorm 1024x65536
-// (benchmarks/NOTES.md entry 59): meeting on clusters of 8 190.3 us,
+// (docs/history.md entry 59): meeting on clusters of 8 190.3 us,
 // deferred grid groups of 4 (slices of 16384) 177.6, of 8 163.8.
 static bool group_defer_rule(const NormProblem& p, bool both, int arch) {
   return arch == 90 && both && norm_tuning().bwd_grid_exchange != 1 && p.hidden > kBwd16DeferMidMaxBoth &&
@@ -1557,7 +1557,7 @@ static bool bwd16_measured_slice(const NormBwdPlan& sp) {
 // (RMSNorm, 128 registers; LayerNorm's were not cached at all and ran the
 // split design). On sm_90's 16-CTA clusters the slices are 8192 wide, 16
 // elements a thread on 512 threads, and keep their terms with no spill.
-// H100 kernel-only, float32, us (benchmarks/NOTES.md entry 68): RMSNorm
+// H100 kernel-only, float32, us (docs/history.md entry 68): RMSNorm
 // 1x131072 15.0 -> 6.3, 32x 57.0 -> 35.6, 256x 261.2 -> 162.6, 512x 483.9 ->
 // 310.6, 2048x 1879.4 -> 1196.7; LayerNorm (from split) 1x 27.3 -> 7.4, 32x
 // 50.8 -> 42.6, 512x 490.6 -> 306.7, 2048x 1865.3 -> 1187.8. At 98304
@@ -1631,7 +1631,7 @@ static NormBwdPlan plan_bwd_slices(const NormProblem& p, bool want_dw, bool want
 // sets, 16-bit gamma and beta) do so in grids of 2048+ rows, where their
 // 256-thread pair plan (above) would defer and the slices hold 16 or 32
 // elements a thread. H100 kernel-only, bf16, L2 flushed, median of 3, one CTA (pair
-// plan) -> slices, us (benchmarks/NOTES.md entry 64): RMSNorm 4096x9216
+// plan) -> slices, us (docs/history.md entry 64): RMSNorm 4096x9216
 // 108.6 -> 90.3, 4096x12288 178.2 -> 113.6, 16384x12288 652.0 -> 426.9,
 // 4096x14336 256.0 -> 136.7 (8 CTAs, the fill rule), 4096x16384 158.7 ->
 // 151.5, 1024x16384 52.7 -> 47.3, 256x12288 19.4 -> 16.1, but 4096x15360
@@ -1703,7 +1703,7 @@ static NormBwdPlan plan_bwd_layout(const NormProblem& p, bool want_dw, bool want
 // which ptxas fits in fewer registers (the late one spills 8-16 bytes in
 // RMSNorm's two 320-thread CTAs per SM at N = 5120). A grid of one row block
 // per CTA has at most one CTA per SM, so its launch bounds ask for one (no
-// spill at any N). H100 kernel-only, bf16, us (benchmarks/NOTES.md entry 39):
+// spill at any N). H100 kernel-only, bf16, us (docs/history.md entry 39):
 // RMSNorm 32x4096 6.01 -> 5.15, 128x4096 7.40 -> 6.59, 256x2048 6.84 ->
 // 6.22; LayerNorm 32x4096 7.54 -> 6.23, 256x4096 9.50 -> 9.12.
 static NormBwdPlan with_gamma_rule(NormBwdPlan plan, int sm_count, bool explain) {
@@ -1726,7 +1726,7 @@ static NormBwdPlan with_gamma_rule(NormBwdPlan plan, int sm_count, bool explain)
 // blocks, instead add up their column sums in distributed shared memory and
 // the cluster writes one partial row; a grid of one cluster writes the
 // gradients themselves (kDirectGrads) and no column reduce runs.
-// H100 kernel-only sweep, bf16 (benchmarks/NOTES.md entry 40):
+// H100 kernel-only sweep, bf16 (docs/history.md entry 40):
 // - staged rows (x and dy through the shared-memory ring), clusters of 2:
 //   LayerNorm's two partial rows a CTA, 1-16% faster at every row count
 //   measured (N = 8192: 256 rows 17.2 -> 15.0 us, 512 22.9 -> 19.3, 4096
@@ -1805,7 +1805,7 @@ static int line_column_vecs(int vec_bytes) { return std::max(1, kColumnLineBytes
 // 1x4096, bf16 RMSNorm), and so does a lone CTA sized to its 2-4 rows (RMSNorm
 // 2x1024 2.33 us direct, 2.52 with column CTAs). A lone row block of 2-8 rows
 // on a CTA not sized to them gains (H100, kernel us, direct -> column CTAs,
-// benchmarks/NOTES.md entry 58): RMSNorm 2x4096 3.35 -> 2.58, 8x1024 3.08 ->
+// docs/history.md entry 58): RMSNorm 2x4096 3.35 -> 2.58, 8x1024 3.08 ->
 // 2.57; LayerNorm 2x4096 4.21 -> 2.60, 2x1024 3.19 -> 2.47, fp32 2x4096 4.10
 // -> 2.89. Narrow rows (1024-thread CTAs of many rows) keep their plans: a
 // lone block lost there (LayerNorm 64x128 3.63 -> 3.91 us, 2x512 3.08 ->
@@ -1815,7 +1815,7 @@ constexpr int64_t kColumnMaxRowsPerLane = 4;
 // One-wave column grids (one_wave_column_plan): a row lane may have up to
 // this many rows, three rounds of kColumnRowsInFlight: the most a grid of
 // 16-bit rows that fits one wave at three CTAs an SM has (330x4096 on 132
-// SMs; H100 kernel us, the rule before -> one wave, benchmarks/NOTES.md entry
+// SMs; H100 kernel us, the rule before -> one wave, docs/history.md entry
 // 79: RMSNorm 9.96 -> 8.62, LayerNorm 11.23 -> 9.50; 264x8192, 9 rows a lane,
 // 13.20 -> 10.67 and 15.07 -> 11.01).
 constexpr int64_t kOneWaveMaxRowsPerLane = 11;
@@ -1881,7 +1881,7 @@ static NormBwdPlan plan_bwd_rules(const NormProblem& p, bool want_dw, bool want_
 // of up to 256 threads, past narrow rows): its row CTAs then hold one row
 // of 4096 16-bit elements (two of 2048, four of 1024), and its column CTAs
 // have half the row lanes of 512 threads, fewer of them idle at a few rows a
-// lane. H100, kernel us, 512 -> 256 threads (benchmarks/NOTES.md entry 58):
+// lane. H100, kernel us, 512 -> 256 threads (docs/history.md entry 58):
 // bf16 LayerNorm 32x4096 3.32 -> 3.03, 128x1024 3.48 -> 3.16; RMSNorm
 // 64x4096 3.61 -> 3.32, 32x2048 3.08 (128-thread few-row CTAs) -> 2.84;
 // fp32 RMSNorm 32x4096 3.38 -> 3.04, LayerNorm 3.54 -> 3.20. A grid
@@ -1901,7 +1901,7 @@ constexpr int kColumnGridCtaThreads = 256;
 // column reduce, and no row block waits for another's SM. Every other
 // backward plan of these grids walks two row blocks a CTA (a second latency
 // chain), stages rows or splits them.
-// H100, kernel us, bf16, the rule before -> one wave (benchmarks/NOTES.md
+// H100, kernel us, bf16, the rule before -> one wave (docs/history.md
 // entry 79): RMSNorm 128x8192 10.8 -> 5.9, 192x8192 12.1 -> 7.9, 256x8192
 // 12.7 -> 9.5; LayerNorm 128x8192 13.5 -> 6.0, 256x8192 15.6 -> 10.0.
 // Grids past one wave keep their plans (a probe of RMSNorm 512x4096, CTAs of
@@ -1912,7 +1912,7 @@ constexpr int kColumnGridCtaThreads = 256;
 // LayerNorm's 188 bytes) or on the layout's narrower row (7168: 224 threads,
 // 3072: 192, 1536: two rows of 96). Rows the other rules split (LayerNorm's
 // odd N of 6001-8191) take it too. H100, kernel us, the plan before -> one
-// wave (benchmarks/NOTES.md entry 80): RMSNorm 256x5120 10.9 -> 7.6, 128x7168
+// wave (docs/history.md entry 80): RMSNorm 256x5120 10.9 -> 7.6, 128x7168
 // 9.6 -> 5.8, 200x3072 7.7 -> 5.9, 33x4097 8.3 -> 3.5; LayerNorm 256x5120
 // 16.0 -> 8.2, 128x7168 12.5 -> 6.1, 256x1536 6.7 -> 5.4, split 44x6001 fp16
 // 16.1 -> 4.9. Float32 scalar rows past 24 a thread (ptxas spilled 44 bytes
@@ -1995,7 +1995,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   return plan;
 }
 
-// H100 kernel-only sweep (benchmarks/NOTES.md, entry 22): every persistent
+// H100 kernel-only sweep (docs/history.md, entry 22): every persistent
 // CTA writes a fp32 partial row (4 bytes a column per output) that the column
 // reduce reads back. A staged one-CTA row (x and dy through the shared-memory
 // ring) with fewer rows than resident CTAs would get a CTA per row, and the

@@ -1,6 +1,6 @@
 // Overrides of the norm planner's rules, for benchmark sweeps through
 // rtcnorm._tuning (the rules themselves were fitted to H100 and H200 sweeps, see
-// benchmarks/NOTES.md). Overrides are process-wide and are
+// docs/history.md). Overrides are process-wide and are
 // not synchronised with concurrent launches: set them before launching.
 #pragma once
 

@@ -365,7 +365,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   // (flat_lanes.) CTAs of a column or row cluster keep the division: flat,
   // LayerNorm's 448-thread row-cluster and 224-thread column-cluster rows ran
   // 8-9% slower (H100, bf16 16384x7168 261.7 -> 282.8 us, 4096x14336 145.4 ->
-  // 158.7; benchmarks/NOTES.md entry 76).
+  // 158.7; docs/history.md entry 76).
   constexpr bool kFlat = kCl == 1 && kRc == 1 && flat_lanes<TPR, ROWS>();
   const int lane = kFlat ? threadIdx.x : threadIdx.x % TPR;
   const int group = kFlat ? 0u : threadIdx.x / TPR;
@@ -419,7 +419,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   // A lone CTA owns a first row block (gridDim.x <= row_blocks), so its first
   // row's loads wait on no loop test (see norm_fwd.cuh). A row cluster's last
   // CTAs may own none. Column-cluster CTAs keep the test: the one H100 run
-  // without it had their backward 1-11% slower (benchmarks/NOTES.md entry 44;
+  // without it had their backward 1-11% slower (docs/history.md entry 44;
   // not separated from machine-to-machine variance).
   long long rb = cluster;
   bool more = (kRc == 1 && kCl == 1) || rb < p.row_blocks;

@@ -46,7 +46,7 @@ namespace rtcnorm {
 
 // kSingleStride: the host guarantees inner_rows >= rows, so the test is
 // skipped: its constant-cache load and branch sit in front of the row's first
-// load address (H100, bf16 LayerNorm 1x4096 2.37 -> 2.25 us; NOTES entry 75).
+// load address (H100, bf16 LayerNorm 1x4096 2.37 -> 2.25 us; docs/history.md entry 75).
 template <unsigned FLAGS>
 __device__ __forceinline__ long long row_offset(const RowMap& m, long long r) {
   if constexpr ((FLAGS & kSingleStride) != 0) return r * m.inner_stride;
@@ -172,7 +172,7 @@ __device__ __forceinline__ void prefetch_row(const T* base, long long off, int l
 // (L1::no_allocate), or, with kL1Allocate (inputs of 40 MB or more), through
 // L1. 16-bit rows take an ordinary ld.global there, which allocates in L1 on
 // the load/store path: up to 1.4% faster than ld.global.nc (H100, bf16 RMSNorm 2048x32768 94.3 ->
-// 93.1 us; benchmarks/NOTES.md entry 72), and safe because no CTA writes
+// 93.1 us; docs/history.md entry 72), and safe because no CTA writes
 // what it reads. float32 rows keep ld.global.nc: with ordinary loads ptxas
 // spilled their LayerNorm rows (32768 wide: 72 bytes at 128 registers).
 template <typename T, int VEC, bool ALLOC>
@@ -258,7 +258,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   // so LayerNorm's (count, mean, M2) triples meet in equal-count merges
   // (MeanM2Eq, no division) across lanes, warps and cluster CTAs, where the
   // warps of a group pair off (a power of two of them). Cluster slices,
-  // shared-memory and streamed rows take them (H100, NOTES entry 53: bf16
+  // shared-memory and streamed rows take them (H100, docs/history.md entry 53: bf16
   // 512x131072 129.5 -> 109.5 us, 1024x65536 114.1 -> 104.5); a row one CTA
   // caches in registers keeps the general merge where it does not take two
   // passes: its many-row grids ran 1-2% slower with them (16384x7168).

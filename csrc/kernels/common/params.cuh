@@ -139,7 +139,7 @@ struct NormFwdParams {
   // What the first row's loads need comes first: a kernel's parameters are
   // read through the constant cache, and fields read on the way to the first
   // load that sit in different constant lines miss one after the other
-  // (H100: 2-7% off grids of 1-32 rows, benchmarks/NOTES.md entry 44).
+  // (H100: 2-7% off grids of 1-32 rows, docs/history.md entry 44).
   const void* x;
   RowMap x_map;
   long long rows;

@@ -169,7 +169,7 @@ __device__ __forceinline__ Acc lanes_allreduce(Acc v) {
 // so the division made the row index differ per thread, and ptxas held a
 // per-thread row, row test and addresses (H100, sm_90: a bf16 LayerNorm
 // 49152-wide row at 768 threads spilled 76 bytes at 80 registers, 4 without;
-// RMSNorm's 5120-wide backward at 320 threads 20 bytes, 0; benchmarks/NOTES.md
+// RMSNorm's 5120-wide backward at 320 threads 20 bytes, 0; docs/history.md
 // entry 76). Power-of-two TPR keep the division, a mask and a shift: spelled
 // as here, ptxas scheduled some of those kernels worse (bf16 LayerNorm
 // 1024x65536 on clusters of 128-thread CTAs, 102 -> 158 us). Callers write

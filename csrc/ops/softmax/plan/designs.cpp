@@ -25,7 +25,7 @@ constexpr int kFewRowsFwdRegs = 8;  // a lone CTA per SM: its time is one thread
 constexpr int kResidentThreads = 1024;
 constexpr int kMaxCachedThreads = 1024;
 constexpr int kCtaThreads = 256;     // rows shorter than a CTA share one
-constexpr int kBwdCtaThreads = 512;  // full-row backward (benchmarks/NOTES.md entry 16)
+constexpr int kBwdCtaThreads = 512;  // full-row backward (docs/history.md entry 16)
 constexpr int kBwdShortVecs = 256;   // backward rows of up to this many 16-byte vectors: one pair a thread
 constexpr int kWarp = 32;            // up to kMaxRegs a thread, a warp per row needs no barriers
 constexpr int kKeepExpElems = 16;    // cached forward rows keep exp2(z - m) up to this many elements a thread
@@ -34,15 +34,15 @@ constexpr int kStreamThreads = 512;
 constexpr int kStreamCtasPerSm = 2;  // streamed rows in flight stay well inside L2
 // Masked forward with a broadcast mask: from this many keys the heads'
 // re-reads of a mask row miss L2, so rows sharing it run back to back, a
-// CTA each of at least kLongMaskedThreads (benchmarks/NOTES.md).
+// CTA each of at least kLongMaskedThreads (docs/history.md).
 constexpr int64_t kLongMaskedCols = 4096;
 constexpr int kLongMaskedThreads = 128;
 // Mask reuse: runs of kReuseRun rows from kReuseCols keys, keeping at least
-// kReuseBlocks row blocks in the grid (benchmarks/NOTES.md).
+// kReuseBlocks row blocks in the grid (docs/history.md).
 constexpr int64_t kReuseRun = 4, kReuseCols = 2048, kReuseBlocks = 2048;
 // Row clusters: at most an eighth as many rows as SMs, rows of
 // kMinClusterRowVecs vectors or more, slices of kMinClusterSliceVecs or
-// more (benchmarks/NOTES.md entry 49).
+// more (docs/history.md entry 49).
 constexpr int kMaxRowCluster = 8;
 constexpr int64_t kMinClusterRowVecs = 4096, kMinClusterSliceVecs = 256;
 
