@@ -76,18 +76,28 @@ def check(op, dtype, magnitude, device, n, rows=5, residual=False, mode=None):
         mean = rstd = None
     ref_y, ref_mean, ref_rstd = reference(op, h, weight, bias)
     what = f"{op} {dtype} rows of {magnitude:g} (N={n}, mode={mode})"
-    assert_close(y, ref_y, what=f"{what} y")
+    # A rescued row's statistics are fp32 sums of its N scaled values, so
+    # their error, and the outputs', grows with N like any reduction's.
+    assert_close(y, ref_y, what=f"{what} y", reduce_len=n)
     if op == "rms_norm" or n > 1:  # a LayerNorm row of one element is its bias
         assert y.abs().amax() > 0.1, f"{what}: outputs are zero"
     if rstd is not None:
         stat = F64 if dtype == F64 else F32
         # rstd of rows near FLT_MAX is an fp32 subnormal of about 22 bits.
         assert_close(
-            rstd * h.double().abs().amax(-1), ref_rstd * h.double().abs().amax(-1), what=f"{what} rstd", dtype=stat
+            rstd * h.double().abs().amax(-1),
+            ref_rstd * h.double().abs().amax(-1),
+            what=f"{what} rstd",
+            dtype=stat,
+            reduce_len=n,
         )
         if mean is not None:
             assert_close(
-                mean / h.double().abs().amax(-1), ref_mean / h.double().abs().amax(-1), what=f"{what} mean", dtype=stat
+                mean / h.double().abs().amax(-1),
+                ref_mean / h.double().abs().amax(-1),
+                what=f"{what} mean",
+                dtype=stat,
+                reduce_len=n,
             )
 
 
