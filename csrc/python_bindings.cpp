@@ -31,13 +31,6 @@ using namespace rtcnorm;
 
 namespace {
 
-jit::DType parse_dtype(const std::string& s) {
-  if (s == "float32") return jit::DType::kFloat32;
-  if (s == "float16") return jit::DType::kFloat16;
-  if (s == "bfloat16") return jit::DType::kBFloat16;
-  throw py::value_error("rtcnorm: dtype must be 'float32', 'float16' or 'bfloat16', got '" + s + "'");
-}
-
 std::vector<NormMode> parse_modes(const std::vector<std::optional<std::string>>& modes) {
   std::vector<NormMode> out;
   for (const auto& m : modes) {
@@ -154,7 +147,7 @@ std::vector<std::string> precompile(const std::string& op, const std::vector<std
     for (const auto& dt : dtypes)
       for (int64_t n : hidden_sizes) {
         if (n < 1) throw py::value_error("rtcnorm.jit.precompile: hidden sizes must be >= 1");
-        auto k = variant_keys(op, parse_dtype(dt), n, m, arch);
+        auto k = variant_keys(op, jit::dtype_from_name(dt), n, m, arch);
         keys.insert(keys.end(), k.begin(), k.end());
       }
   return jit::precompile_for_python(keys, threads, progress);
@@ -172,8 +165,8 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
                           std::to_string(sm_count));
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
-  p.dtype = parse_dtype(dtype);
-  p.wdtype = parse_dtype(wdtype);
+  p.dtype = jit::dtype_from_name(dtype);
+  p.wdtype = jit::dtype_from_name(wdtype);
   p.rows = rows;
   p.hidden = hidden;
   p.max_vec = 16;

@@ -16,13 +16,6 @@ namespace py = pybind11;
 namespace rtcnorm {
 namespace {
 
-jit::DType softmax_dtype(const std::string& s) {
-  if (s == "float32") return jit::DType::kFloat32;
-  if (s == "float16") return jit::DType::kFloat16;
-  if (s == "bfloat16") return jit::DType::kBFloat16;
-  throw py::value_error("rtcnorm: dtype must be 'float32', 'float16' or 'bfloat16', got '" + s + "'");
-}
-
 py::dict softmax_knobs_dict(const SoftmaxKnobs& k) {
   py::dict d;
   d["vec"] = k.vec;
@@ -71,7 +64,7 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
   SoftmaxProblem p;
   p.arch = SoftmaxArch(arch, sm_count);
   p.mask_bcast = std::max<int64_t>(1, mask_bcast);
-  p.dtype = softmax_dtype(dtype);
+  p.dtype = jit::dtype_from_name(dtype);
   p.rows = rows;
   p.cols = cols;
   p.sq = sq;

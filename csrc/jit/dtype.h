@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace rtcnorm::jit {
@@ -31,6 +32,14 @@ inline const char* short_name(DType t) {
       return "bfloat16";
   }
   return "?";
+}
+
+// The inverse of short_name; the bindings' ValueError for any other name.
+inline DType dtype_from_name(const std::string& s) {
+  if (s == "float32") return DType::kFloat32;
+  if (s == "float16") return DType::kFloat16;
+  if (s == "bfloat16") return DType::kBFloat16;
+  throw std::invalid_argument("rtcnorm: dtype must be 'float32', 'float16' or 'bfloat16', got '" + s + "'");
 }
 
 inline int element_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
