@@ -20,9 +20,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(const at::Tensor& inpu
                                                           const std::optional<at::Tensor>& bias, double eps,
                                                           std::optional<c10::string_view> mode,
                                                           bool zero_centered_gamma) {
-  check_norm_forward("layer_norm", input, std::nullopt, c10::fromIntArrayRefSlow(normalized_shape), weight, bias, eps,
-                     mode, input.is_cuda());
-  const NormMode m = parse_mode(mode, "layer_norm");
+  const NormMode m = check_norm_forward("layer_norm", input, std::nullopt, c10::fromIntArrayRefSlow(normalized_shape),
+                                        weight, bias, eps, mode, input.is_cuda());
   NormFwdOutputs o = kCuda ? norm_forward_cuda(kLayerNorm, "layer_norm", input, std::nullopt, normalized_shape, weight,
                                                bias, eps, m, zero_centered_gamma)
                            : norm_forward_cpu(kLayerNorm, "layer_norm", input, std::nullopt, normalized_shape, weight,

@@ -102,15 +102,16 @@ void check_like_input(const char* op, const char* name, const at::Tensor& t, con
   check_same_device(op, name, t, input);
 }
 
-void check_norm_forward(const char* op, const at::Tensor& input, const std::optional<at::Tensor>& residual,
-                        c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
-                        const std::optional<at::Tensor>& bias, std::optional<double> eps,
-                        const std::optional<c10::string_view>& mode, bool cuda) {
-  parse_mode(mode, op);
+NormMode check_norm_forward(const char* op, const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                            c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, std::optional<double> eps,
+                            const std::optional<c10::string_view>& mode, bool cuda) {
+  const NormMode m = parse_mode(mode, op);
   check_norm_tensors(op, input, normalized_shape, weight, bias, residual, cuda);
   // NaN fails the first comparison.
   TORCH_CHECK_VALUE(!eps.has_value() || (*eps >= 0 && *eps < std::numeric_limits<double>::infinity()), "rtcnorm.", op,
                     ": eps must be finite and >= 0, got ", eps.value_or(0));
+  return m;
 }
 
 void check_norm_backward(NormKind kind, const char* op, const at::Tensor& grad_out, const at::Tensor& input,

@@ -34,11 +34,12 @@ constexpr int64_t kMaxNormHidden = int64_t{1} << 24;
 
 // Every check of a norm forward call (rms_norm, add_rms_norm, layer_norm):
 // mode, input's dtype, normalized_shape, weight, bias, residual, eps (nullopt:
-// the op's default). Every message names the op and the argument.
-void check_norm_forward(const char* op, const at::Tensor& input, const std::optional<at::Tensor>& residual,
-                        c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
-                        const std::optional<at::Tensor>& bias, std::optional<double> eps,
-                        const std::optional<c10::string_view>& mode, bool cuda);
+// the op's default). Every message names the op and the argument. Returns
+// the parsed mode.
+NormMode check_norm_forward(const char* op, const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                            c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, std::optional<double> eps,
+                            const std::optional<c10::string_view>& mode, bool cuda);
 
 // Every check of a norm backward call: the forward's on input, weight and
 // bias; grad_out and grad_h like input; rstd (and mean for LayerNorm) one

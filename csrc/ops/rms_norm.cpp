@@ -34,11 +34,11 @@ template <bool kCuda>
 std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& input, at::IntArrayRef normalized_shape,
                                             const std::optional<at::Tensor>& weight, std::optional<double> eps,
                                             std::optional<c10::string_view> mode, bool zero_centered_gamma) {
-  check_norm_forward("rms_norm", input, std::nullopt, c10::fromIntArrayRefSlow(normalized_shape), weight, std::nullopt,
-                     eps, mode, input.is_cuda());
+  const NormMode m = check_norm_forward("rms_norm", input, std::nullopt, c10::fromIntArrayRefSlow(normalized_shape),
+                                        weight, std::nullopt, eps, mode, input.is_cuda());
   const double e = default_eps(input, eps);
   auto o = kCuda ? norm_forward_cuda(kRmsNorm, "rms_norm", input, std::nullopt, normalized_shape, weight, std::nullopt,
-                                     e, parse_mode(mode, "rms_norm"), zero_centered_gamma)
+                                     e, m, zero_centered_gamma)
                  : norm_forward_cpu(kRmsNorm, "rms_norm", input, std::nullopt, normalized_shape, weight, std::nullopt,
                                     e, zero_centered_gamma);
   return {o.y, o.rstd};
@@ -51,11 +51,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& in
                                                             std::optional<double> eps,
                                                             std::optional<c10::string_view> mode,
                                                             bool zero_centered_gamma) {
-  check_norm_forward("add_rms_norm", input, residual, c10::fromIntArrayRefSlow(normalized_shape), weight, std::nullopt,
-                     eps, mode, input.is_cuda());
+  const NormMode m = check_norm_forward("add_rms_norm", input, residual, c10::fromIntArrayRefSlow(normalized_shape),
+                                        weight, std::nullopt, eps, mode, input.is_cuda());
   const double e = default_eps(input, eps);
   auto o = kCuda ? norm_forward_cuda(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,
-                                     e, parse_mode(mode, "add_rms_norm"), zero_centered_gamma)
+                                     e, m, zero_centered_gamma)
                  : norm_forward_cpu(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,
                                     e, zero_centered_gamma);
   return {o.y, o.h, o.rstd};
