@@ -22,7 +22,7 @@
 #include <optional>
 #include <vector>
 
-#include "ops/norm_plan.h"
+#include "ops/norm/plan/planner.h"
 
 namespace rtcnorm {
 

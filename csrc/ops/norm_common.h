@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ops/norm_checks.h"
-#include "ops/norm_plan.h"
+#include "ops/norm/plan/planner.h"
 
 namespace rtcnorm::jit {
 struct LoadedKernel;

@@ -10,7 +10,7 @@
 
 #include <cstddef>
 
-#include "ops/norm_plan.h"
+#include "ops/norm/plan/planner.h"
 
 namespace rtcnorm {
 

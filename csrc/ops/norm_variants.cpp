@@ -6,7 +6,7 @@
 // allocated tensors are.
 #include <algorithm>
 
-#include "ops/norm_plan.h"
+#include "ops/norm/plan/planner.h"
 #include "ops/variants.h"
 
 namespace rtcnorm {
@@ -36,24 +36,14 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.has_weight = has_w;
         p.has_bias = has_b;
         p.zero_centered = zc;
-        // Full grids, few-row ones (2 vectors a thread, up to few_rows_max)
-        // and decode-sized ones (at most one CTA per SM) plan different
-        // forward kernels, and so do inputs on either side of the size from
-        // which x is read through L1 (hidden >= 1: precompile checks it; a row
-        // of 40 MB or more has no row count under the size).
+        // Row counts on either side of the planner's breaks: one row, a few
+        // row blocks, a wave of the 132-SM part at each power-of-two rows a
+        // CTA, many waves, and either side of the size from which x is read
+        // through L1 (a row of 40 MB or more has no row count under it).
         const int64_t under_l1 = (kL1AllocMinInputBytes - 1) / (hidden * jit::element_size(dtype));
-        const int64_t few = std::max<int64_t>(1, few_rows_max(p, 132));
-        // Grids of exactly 4 CTAs per SM (one wave at launch bounds of 4, or
-        // one round of narrow 4-vector CTAs) for every power-of-two rows per
-        // CTA plan their own kernels too.
-        std::vector<int64_t> row_counts = {int64_t(1) << 16, int64_t(1), few, std::max<int64_t>(1, under_l1),
-                                           under_l1 + 1};
-        for (int64_t rows_per_cta = 1; rows_per_cta <= 128; rows_per_cta *= 2)
-          row_counts.push_back(4 * 132 * rows_per_cta);
-        // Rows split into column slices: a grid of one slice an SM (sm_90:
-        // lone CTAs an SM, as a grid group) plans its own kernel too.
-        const int slices = column_slices(plan_norm_fwd(p, NormMode::kAuto, 132, arch).key.flags);
-        if (slices > 1) row_counts.push_back(132 / slices);
+        std::vector<int64_t> row_counts = {int64_t(1) << 16, 1, 2, 32, std::max<int64_t>(1, under_l1), under_l1 + 1};
+        for (int64_t rows_per_cta = 1; rows_per_cta <= 128; rows_per_cta *= 4)
+          for (int64_t per_sm : {1, 4}) row_counts.push_back(per_sm * 132 * rows_per_cta);
         // Rows of one stride and of two (the general row map) differ on
         // grids of lone CTAs (kSingleStride).
         for (int res = 0; res <= int(!ln); ++res)

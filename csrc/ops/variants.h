@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "jit/kernel_key.h"
-#include "ops/norm_plan.h"
+#include "ops/norm/plan/planner.h"
 
 namespace rtcnorm {
 

@@ -1,14 +1,14 @@
-"""Planner overrides of the norm and softmax kernels, for benchmark sweeps.
+"""Planner overrides of the norm and softmax kernels, for tuning and tests.
 
-Norm: ``get()`` returns the tunables and ``override(**values)`` sets some
-for a ``with`` block (0 means "the planner's rule").
-
-Softmax: exactly two controls, through ``softmax_override(design=None,
-**knobs)``: force a design of the catalogue (``softmax_designs()``), and set
-knobs that designs declare. Everything is checked before anything is set: an
-unknown design or a knob no design (or not the forced one) declares raises
-ValueError naming what is valid; a value out of range raises ValueError
-naming the knob. Setting overrides clears the plan memo.
+Each planner takes exactly two controls: force a design of its catalogue, and
+set knobs that design declares. Norm: ``norm_override(direction, design=None,
+**knobs)`` with direction ``"fwd"`` or ``"bwd"`` (``norm_designs(direction)``
+lists each design's knobs). Softmax: ``softmax_override(design=None,
+**knobs)``. Everything is checked before anything is set: an unknown design
+or a knob the design (or, with none forced, every design) does not declare
+raises ValueError naming what is valid. A problem the forced design cannot
+run, or no candidate matching the knobs, plans as usual. Setting overrides
+clears the plan memo.
 
 Process-wide: do not change them while other threads launch rtcnorm ops.
 """
@@ -18,18 +18,26 @@ from contextlib import contextmanager
 from . import _C
 
 
-def get() -> dict:
-    return dict(_C._norm_tuning())
+def norm_designs(direction: str) -> dict:
+    """The norm design catalogue of ``"fwd"`` or ``"bwd"``: each design's name and the knobs it declares."""
+    return {name: list(knobs) for name, knobs in _C.norm_designs(direction).items()}
+
+
+def norm_get(direction: str) -> dict:
+    """The norm overrides in force for a direction: ``{"design": name or None, "knobs": {name: value}}``."""
+    values = _C._norm_override(direction)
+    return {"design": values["design"], "knobs": dict(values["knobs"])}
 
 
 @contextmanager
-def override(**values):
-    before = get()
-    _C._set_norm_tuning(values)
+def norm_override(direction: str, design: str | None = None, **knobs):
+    """Force a norm design and/or set knobs for ``direction``, restoring the previous overrides afterwards."""
+    before = norm_get(direction)
+    _C._set_norm_override(direction, design, knobs)
     try:
         yield
     finally:
-        _C._set_norm_tuning(before)
+        _C._set_norm_override(direction, before["design"], before["knobs"])
 
 
 def softmax_designs() -> dict:

@@ -1,0 +1,240 @@
+#include "bindings/norm.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <pybind11/stl.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "jit/kernel_cache.h"
+#include "ops/norm_common.h"
+#include "ops/norm_plan_memo.h"
+
+namespace py = pybind11;
+
+namespace rtcnorm {
+namespace {
+
+py::object (*g_ptxas)(const jit::KernelKey&) = nullptr;
+
+template <typename Design>
+py::dict knobs_dict(Design d, const Knobs& k) {
+  py::dict out;
+  for (int i = 0; i < kKnobCount; ++i)
+    if (declares(d, static_cast<Knob>(i))) out[knob_name(static_cast<Knob>(i))] = k.get(static_cast<Knob>(i));
+  return out;
+}
+
+// The ranked candidates of a trace: the fields plan tests assert on.
+template <typename Design>
+py::list candidates_list(const PlanTrace& t) {
+  py::list out;
+  for (const Candidate& c : t.ranked) {
+    py::dict d;
+    d["design"] = design_name(static_cast<Design>(c.design));
+    d["knobs"] = knobs_dict(static_cast<Design>(c.design), c.knobs);
+    d["us"] = c.us;
+    d["bytes"] = c.bytes;
+    d["efficiency"] = c.efficiency;
+    d["in_flight"] = c.in_flight;
+    d["registers"] = c.regs;
+    d["grid"] = c.grid;
+    out.append(d);
+  }
+  return out;
+}
+
+void put_launch(py::dict& d, const jit::KernelKey& k, int64_t row_blocks) {
+  d["kernel"] = k.name_expression();
+  d["vec"] = k.vec;
+  d["threads_per_row"] = k.threads_per_row;
+  d["rows_per_cta"] = k.rows_per_cta;
+  d["vecs_per_thread"] = k.vecs_per_thread;
+  d["block"] = k.threads();
+  d["row_blocks"] = row_blocks;
+  d["cluster"] = k.cluster;
+  d["launch_bounds"] = k.variant;
+  d["grid_exchange"] = (k.flags & kGridExchange) != 0;
+  d["column_slices"] = column_slices(k.flags);
+}
+
+py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
+                      const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
+                      bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
+                      bool single_stride) {
+  if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
+    throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
+                          std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
+                          std::to_string(sm_count));
+  NormProblem p;
+  p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
+  p.dtype = jit::dtype_from_name(dtype);
+  p.wdtype = jit::dtype_from_name(wdtype);
+  p.rows = rows;
+  p.hidden = hidden;
+  p.max_vec = 16;
+  p.has_weight = has_weight;
+  p.has_bias = has_bias;
+  p.zero_centered = zero_centered;
+  p.residual = residual;
+  p.single_stride = single_stride;
+  std::optional<c10::string_view> mv;
+  if (mode.has_value()) mv = c10::string_view(mode->data(), mode->size());
+  const NormMode requested = parse_mode(mv, op.c_str());
+  std::optional<c10::DeviceGuard> guard;  // loading a kernel makes its device current
+  if (device >= 0) {
+    guard.emplace(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    sm_count = jit::device_info(device).sm_count;
+    arch = jit::device_info(device).arch;
+  }
+  const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch, /*explain=*/true);
+  const NormBwdPlan b = plan_norm_bwd(p, has_weight, has_bias, residual, sm_count, arch, /*explain=*/true);
+  py::dict d;
+  d["op"] = op;
+  d["requested_mode"] = mode.has_value() ? py::cast(*mode) : py::none();
+  d["design"] = design_name(f.design);
+  d["knobs"] = knobs_dict(f.design, f.knobs);
+  d["mode"] = mode_name(f.mode);
+  d["reason"] = explain_fwd(f);
+  d["candidates"] = candidates_list<FwdDesign>(f.trace);
+  d["cost_us"] = f.cost_us;
+  d["cached_row"] = f.cached;
+  d["persistent"] = f.persistent;
+  d["smem"] = f.smem;
+  put_launch(d, f.key, f.row_blocks);
+  d["sm_count"] = sm_count;
+  d["arch"] = "sm_" + std::to_string(arch);
+  if (resources) d["ptxas"] = g_ptxas(f.key);
+  const bool live = device >= 0 && rows > 0;
+  if (live) {
+    const jit::LoadedKernel& k = jit::get_kernel(f.key, device, jit::current_stream(device), f.smem);
+    d["blocks_per_sm"] = k.blocks_per_sm;
+    d["registers"] = k.registers;
+    d["grid"] =
+        norm_grid(f.row_blocks, f.persistent, sm_count, k, std::numeric_limits<int64_t>::max(), grid_group_ctas(f.key));
+  } else {
+    d["grid"] =
+        f.persistent ? py::cast("SMs x occupancy (resolved at launch)") : py::cast(f.row_blocks * f.key.cluster);
+  }
+  py::dict bd;
+  bd["design"] = design_name(b.design);
+  bd["knobs"] = knobs_dict(b.design, b.knobs);
+  bd["reason"] = explain_bwd(b);
+  bd["candidates"] = candidates_list<BwdDesign>(b.trace);
+  bd["cost_us"] = b.cost_us;
+  bd["cached_row"] = b.cached;
+  bd["split"] = b.split;
+  put_launch(bd, b.key, b.row_blocks);
+  if (resources) bd["ptxas"] = g_ptxas(b.key);
+  const bool staged = (b.key.flags & kStagedRow) != 0;
+  bd["staged"] = staged;
+  bd["ring_stages"] = staged ? 2 + int((b.key.flags & kRingExtraBits) >> kRingExtraShift) : 0;
+  bd["deferred_stats"] = (b.key.flags & kDeferStats) != 0;
+  bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
+  bd["direct_grads"] = (b.key.flags & kDirectGrads) != 0;
+  bd["smem"] = b.smem;
+  bd["programmatic_launch"] = b.programmatic;
+  if (b.split) {
+    bd["coef_kernel"] = b.coef_key.name_expression();
+    if (resources) bd["coef_ptxas"] = g_ptxas(b.coef_key);
+    const SplitGrid g = split_grid(b, rows, sm_count);
+    bd["grid"] = py::make_tuple(g.col_tiles, g.row_tiles);
+    bd["rows_per_tile"] = g.rows_per_tile;
+  } else if ((b.key.flags & kDirectGrads) != 0) {
+    bd["grid"] = int64_t(b.key.cluster);
+  } else if (live) {
+    const jit::LoadedKernel& k = jit::get_kernel(b.key, device, jit::current_stream(device), b.smem);
+    bd["grid"] = norm_grid(b.row_blocks, true, sm_count, k, b.max_units, grid_group_ctas(b.key));
+  } else {
+    bd["grid"] = b.max_units * grid_unit_ctas(b.key);
+  }
+  d["backward"] = bd;
+  return d;
+}
+
+// Parses ("fwd" | "bwd", design name or None, {knob: value}) into an
+// override, checking everything before anything is set.
+NormOverride parse_override(bool forward, const std::optional<std::string>& design, const py::dict& knobs) {
+  const char* dir = forward ? "forward" : "backward";
+  NormOverride o;
+  if (design.has_value()) {
+    o.design = design_from_name(forward, *design);
+    if (o.design < 0) {
+      std::string valid;
+      for (int i = 0; i < (forward ? kFwdDesignCount : kBwdDesignCount); ++i)
+        valid += std::string(i ? ", " : "") +
+                 (forward ? design_name(static_cast<FwdDesign>(i)) : design_name(static_cast<BwdDesign>(i)));
+      throw py::value_error(std::string("rtcnorm._tuning: unknown ") + dir + " norm design '" + *design +
+                            "'; valid: " + valid);
+    }
+  }
+  for (auto [k, v] : knobs) {
+    const std::string name = py::cast<std::string>(k);
+    int knob = -1;
+    for (int i = 0; i < kKnobCount; ++i)
+      if (name == knob_name(static_cast<Knob>(i))) knob = i;
+    bool declared = false;
+    for (int d = 0; knob >= 0 && d < (forward ? kFwdDesignCount : kBwdDesignCount); ++d)
+      if ((o.design < 0 || o.design == d) && (forward ? declares(static_cast<FwdDesign>(d), static_cast<Knob>(knob))
+                                                      : declares(static_cast<BwdDesign>(d), static_cast<Knob>(knob))))
+        declared = true;
+    if (!declared)
+      throw py::value_error("rtcnorm._tuning: the " + std::string(dir) + " knob '" + name + "' is not declared by " +
+                            (o.design >= 0 ? std::string("the forced design") : std::string("any design")) +
+                            " (rtcnorm._tuning.norm_designs() lists each design's knobs)");
+    if (!py::isinstance<py::int_>(v)) throw py::type_error("rtcnorm._tuning: knob " + name + " must be an int or bool");
+    const int64_t val = py::cast<int64_t>(v);
+    if (val < 0 || val > 1024)
+      throw py::value_error("rtcnorm._tuning: knob " + name + " must be in [0, 1024], got " + std::to_string(val));
+    o.knobs.set(static_cast<Knob>(knob), static_cast<int>(val));
+    o.set |= 1u << knob;
+  }
+  return o;
+}
+
+bool parse_direction(const std::string& d) {
+  if (d == "fwd" || d == "bwd") return d == "fwd";
+  throw py::value_error("rtcnorm._tuning: direction must be 'fwd' or 'bwd', got '" + d + "'");
+}
+
+}  // namespace
+
+void bind_norm(py::module_& m, py::object (*ptxas)(const jit::KernelKey&)) {
+  g_ptxas = ptxas;
+  m.def("explain_norm", &explain_norm);
+  m.def("norm_designs", [](const std::string& direction) {
+    const bool fwd = parse_direction(direction);
+    py::dict d;
+    for (int i = 0; i < (fwd ? kFwdDesignCount : kBwdDesignCount); ++i) {
+      py::list knobs;
+      for (int j = 0; j < kKnobCount; ++j)
+        if (fwd ? declares(static_cast<FwdDesign>(i), static_cast<Knob>(j))
+                : declares(static_cast<BwdDesign>(i), static_cast<Knob>(j)))
+          knobs.append(knob_name(static_cast<Knob>(j)));
+      d[fwd ? design_name(static_cast<FwdDesign>(i)) : design_name(static_cast<BwdDesign>(i))] = knobs;
+    }
+    return d;
+  });
+  m.def("_norm_override", [](const std::string& direction) {
+    const bool fwd = parse_direction(direction);
+    const NormOverride& o = norm_override(fwd);
+    py::dict knobs;
+    for (int j = 0; j < kKnobCount; ++j)
+      if ((o.set >> j & 1u) != 0) knobs[knob_name(static_cast<Knob>(j))] = o.knobs.get(static_cast<Knob>(j));
+    py::dict d;
+    d["design"] = o.design < 0 ? py::none()
+                               : py::cast(fwd ? design_name(static_cast<FwdDesign>(o.design))
+                                              : design_name(static_cast<BwdDesign>(o.design)));
+    d["knobs"] = knobs;
+    return d;
+  });
+  m.def("_set_norm_override",
+        [](const std::string& direction, const std::optional<std::string>& design, const py::dict& knobs) {
+          const bool fwd = parse_direction(direction);
+          set_norm_override(fwd, parse_override(fwd, design, knobs));
+          clear_norm_plan_memo();
+        });
+}
+
+}  // namespace rtcnorm

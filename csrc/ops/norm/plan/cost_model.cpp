@@ -1,0 +1,162 @@
+// Cost model (see cost_model.h). Every constant is a hardware figure of the
+// sm_80 - sm_100 parts, not a fit to a benchmark shape:
+// - DRAM bandwidth per SM, and the bytes an SM must keep requested to reach
+//   it (Little's law: bandwidth x about 1.5 us of loaded latency).
+// - One row block's round trip: a DRAM load, the row reduction, the store.
+// - A dependent kernel's launch (partly hidden by programmatic launches).
+#include "ops/norm/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace rtcnorm {
+namespace {
+
+constexpr double kLatencyUs = 1.2;        // a row block's load - reduce - store chain
+constexpr double kBarrierUs = 0.15;       // a cross-warp reduction round
+constexpr double kExchangeUs = 0.6;       // slices' statistics meeting (cluster or global memory)
+constexpr double kLaunchUs = 1.5;         // a dependent kernel's launch and ramp
+constexpr double kSmemPass = 0.10;        // a row's pass through shared memory, relative to its DRAM time
+constexpr double kPartialOverlap = 0.25;  // the share of the shorter of streaming and the chain not hidden
+// A barrier round of a row reduction costs a thread about as much time as
+// loading this many bytes (it decides how long a CTA has no loads in flight).
+constexpr double kBarrierBytes = 13.0;
+constexpr double kL2TripUs = 0.3;  // gamma fetched after the reduction (not preloaded)
+// The split backward's column kernel walks rows down columns: it streams at
+// about 60% of copy bandwidth (H100 and H200, every width measured).
+constexpr double kSplitEfficiency = 0.6;
+constexpr double kPersistentLoop = 0.97;
+constexpr int64_t kSmemPerSm = 228 * 1024;
+
+double dram_bytes_per_us(const Gpu& gpu) {
+  const double per_sm = gpu.arch >= 100 ? 60e3 : gpu.arch >= 90 ? 27e3 : 19e3;
+  return per_sm * gpu.sm_count;
+}
+
+struct Shape {
+  double bytes = 0;              // DRAM traffic of the call
+  double row_block_bytes = 0;    // bytes one row block has requested at once
+  int launches = 1;              // kernels in the call
+  bool exchange = false;         // slices exchange statistics every row block
+  double reductions = 1;         // row reductions a row block waits on (LayerNorm's two passes: 2)
+  double after_reduction = 0;    // latency on a row block's path after its reduction
+  double tail_us = 0;            // work after the last row block (column CTAs' sums)
+  double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
+};
+
+// Spreads the row blocks over the resident slots and prices the result.
+void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
+  const int slices = std::max(1, c.knobs.slices);
+  const int threads = c.key.threads();
+  // CTAs an SM holds: as many as the registers a thread needs allow (the
+  // launch bounds are a floor: ptxas takes fewer registers where it can),
+  // within shared memory and 2048 threads.
+  int resident = blocks_leaving(threads, std::max(1, 2048 / std::max(1, threads)), c.regs);
+  if (c.smem > 0) resident = static_cast<int>(std::min<int64_t>(resident, std::max<int64_t>(1, kSmemPerSm / c.smem)));
+  resident = std::max(resident, c.knobs.blocks_per_sm);
+  const double slots = std::max(1.0, double(gpu.sm_count) * resident / slices);
+  const double busy = std::min<double>(double(c.row_blocks), slots);
+  const double rounds = std::ceil(double(c.row_blocks) / busy);
+  c.grid = static_cast<int64_t>(busy) * slices;
+  // A CTA has loads outstanding for only part of its time: it also meets
+  // at barriers to reduce the row (`duty`). The SM's DRAM share idles while
+  // all of its CTAs are between loads at once. A ring keeps the next rows'
+  // loads in flight (`ahead`).
+  const double ahead = c.knobs.ring_stages > 1 ? c.knobs.ring_stages - 1 : 1.0;
+  const double ctas_per_sm = busy * slices / gpu.sm_count;
+  const double cta_bytes = s.row_block_bytes / slices;
+  c.in_flight = ctas_per_sm * cta_bytes * ahead;
+  const double thread_bytes = cta_bytes / std::max(1, threads);
+  const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
+  const double duty = thread_bytes / (thread_bytes + kBarrierBytes * warps);
+  const double overlap = 1.0 - std::pow(1.0 - duty, std::max(1.0, ctas_per_sm));
+  const double balance = double(c.row_blocks) / (rounds * busy);
+  // A persistent CTA's row blocks follow one another: no fresh CTA fills the
+  // gap between one row's stores and the next row's loads.
+  const double loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
+  c.efficiency = overlap * balance * s.design_efficiency * loop;
+  // The dependent chain: each resident slot's row blocks one after another,
+  // a load round trip, the reduction's barriers and what follows it each.
+  const double sync = c.key.threads_per_row > 32 ? kBarrierUs * s.reductions : 0.0;
+  const double exchange = s.exchange && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
+  const double chain = (kLatencyUs + sync + exchange + s.after_reduction) * (1.0 + (rounds - 1.0) / ahead) + s.tail_us;
+  const double pass = (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
+  const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);
+  // The two overlap only in part.
+  c.bytes = s.bytes;
+  c.us = std::max(stream, chain) + kPartialOverlap * std::min(stream, chain) + kLaunchUs * (s.launches - 1);
+}
+
+}  // namespace
+
+void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
+  const double m = double(p.rows), row = double(p.row_bytes());
+  const auto d = static_cast<FwdDesign>(c.design);
+  Shape s;
+  const double streams = p.residual ? 4.0 : 2.0;  // x, y (and residual in, h out)
+  s.bytes = m * row * streams + double(p.hidden) * p.wsize() * p.affine_tensors() + m * 8.0;
+  if (d == FwdDesign::kReloadRow) s.bytes += m * row * (p.residual ? 2.0 : 1.0);
+  const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
+  const double loaded = d == FwdDesign::kReloadRow || d == FwdDesign::kSmemRow
+                            ? rows * c.key.threads_per_row * c.knobs.vecs_per_thread * c.key.vec * p.esize()
+                            : rows * row / std::max(1, c.knobs.slices);
+  s.row_block_bytes = loaded * (p.residual ? 2.0 : 1.0) * std::max(1, c.knobs.slices);
+  s.exchange = c.knobs.slices > 1;
+  s.reductions = p.kind == kLayerNorm ? 2 : 1;
+  const bool gamma_ready = (c.key.flags & (kPreloadAffine | kKeepGamma)) != 0;
+  if (p.affine_tensors() > 0 && !gamma_ready) s.after_reduction = kL2TripUs;
+  finish(s, gpu, c);
+}
+
+void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c) {
+  const double m = double(p.rows), row = double(p.row_bytes()), n = double(p.hidden);
+  const auto d = static_cast<BwdDesign>(c.design);
+  const double streams = w.dh ? 4.0 : 3.0;  // x, dy, dx (and dh)
+  Shape s;
+  s.bytes = m * row * streams + m * 8.0 + n * p.wsize() * (1 + w.accums());
+  if (d == BwdDesign::kSplitRow) {
+    // The coefficient kernel reads x and dy once more; each row tile writes
+    // a partial row (about 8 column CTAs an SM, tiles of 32+ rows).
+    s.bytes += m * row * 2.0;
+    const double tiles = std::max(
+        1.0, std::min(std::ceil(m / 32.0), 8.0 * gpu.sm_count / std::ceil(double(p.nvec()) / c.key.threads_per_row)));
+    s.bytes += tiles * n * 4.0 * w.accums() * 2.0;
+    s.launches = 3;
+    s.design_efficiency = kSplitEfficiency;
+    s.row_block_bytes = double(c.key.threads_per_row) * c.knobs.vecs_per_thread * c.key.vec * p.esize() * 2.0;
+    // Its chain: the coefficient kernel's round, then each column thread's
+    // walk down its tile, rows_in_flight rows a round trip.
+    const double rows_per_tile = std::ceil(m / tiles);
+    s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
+    c.knobs.slices = 1;
+    const int64_t rb = c.row_blocks;
+    c.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
+    finish(s, gpu, c);
+    c.row_blocks = rb;
+    return;
+  }
+  const bool direct = (c.key.flags & (kDirectGrads | kColumnGrads)) != 0;
+  s.launches = direct || w.accums() == 0 ? 1 : 2;
+  s.reductions = p.kind == kLayerNorm ? 2 : 1;
+  if (d == BwdDesign::kColumnGrads) {
+    // Column CTAs re-read x and dy (from L2: the rows are few) and sum every
+    // row of their lanes: a load latency per few rows.
+    const double lanes = std::max(1.0, double(c.key.threads()) / c.col_vecs);
+    s.bytes += m * row * 2.0 * 0.5;
+    s.tail_us = kLatencyUs * std::ceil(m / lanes) / 4.0;
+  }
+  const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
+  s.row_block_bytes = rows * row * (streams - 1.0);
+  s.exchange = c.knobs.slices > 1;
+  finish(s, gpu, c);
+  // Each persistent unit (a CTA, or a row's slices) writes an fp32 partial
+  // row per gradient, which the column reduce reads back.
+  if (!direct && w.accums() > 0) {
+    const double units = double(c.grid) / c.knobs.slices;
+    const double partial = units * n * 4.0 * w.accums() * 2.0;
+    c.bytes += partial;
+    c.us += partial / (dram_bytes_per_us(gpu) * std::max(0.05, c.efficiency));
+  }
+}
+
+}  // namespace rtcnorm

@@ -1,0 +1,96 @@
+// The norm design catalogue: each design is one kernel structure, with the
+// knobs it declares, when it is feasible, the resources it takes and how it
+// lowers to a kernel key. The planner (planner.h) enumerates candidates of
+// every feasible design, the cost model (cost_model.h) ranks them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "jit/kernel_key.h"
+#include "ops/norm/plan/problem.h"
+
+namespace rtcnorm {
+
+// Forward designs (kernels/norm/: the file of the same stem).
+enum class FwdDesign : uint8_t {
+  kRegisterRow,  // a row group per CTA, the row held in registers: x read once
+  kSmemRow,      // the CTA's rows held in shared memory: x read once, rows too long for registers
+  kSlicedRow,    // a row split over the CTAs of a cluster (or a cooperative group), each slice in registers
+  kReloadRow,    // x read twice (statistics, then normalize): any width, any mode
+};
+// Backward designs; every one writes a (parts x N) fp32 partial dW / dB
+// buffer reduced in a fixed order, except where one CTA owns every row.
+enum class BwdDesign : uint8_t {
+  kRegisterRow,  // persistent CTAs, x and dy of a row held in registers
+  kStagedRow,    // as kRegisterRow, x and dy staged through a cp.async ring in shared memory
+  kSlicedRow,    // a row split over a cluster's CTAs (or a cooperative group), each slice staged or in registers
+  kSplitRow,     // a per-row coefficient kernel, then a column kernel over row tiles: any width
+  kColumnGrads,  // few row blocks: row CTAs write dx, column CTAs beside them dW / dB over every row
+};
+constexpr int kFwdDesignCount = 4, kBwdDesignCount = 5;
+const char* design_name(FwdDesign d);
+const char* design_name(BwdDesign d);
+
+// The knobs a design may declare. 0 / false is "not set" for overrides.
+enum class Knob : uint8_t {
+  kVecsPerThread,  // vectors a thread holds of a row (or a slice, or a chunk)
+  kCtaThreads,     // threads of a CTA: rows_per_cta = cta_threads / threads_per_row
+  kBlocksPerSm,    // launch bounds: CTAs an SM the registers are sized for
+  kSlices,         // CTAs splitting a row (kSlicedRow)
+  kRingStages,     // stages of a shared-memory ring
+  kPersistent,     // 1: a grid of SMs x occupancy striding over row blocks; 0: one CTA per row block
+  kGridExchange,   // 1: slices are CTAs of one cooperative launch meeting in global memory; 0: a cluster
+};
+constexpr int kKnobCount = 7;
+const char* knob_name(Knob k);
+
+struct Knobs {
+  int vecs_per_thread = 0;
+  int cta_threads = 0;
+  int blocks_per_sm = 0;
+  int slices = 1;
+  int ring_stages = 0;
+  bool persistent = false;
+  bool grid_exchange = false;
+  int get(Knob k) const;
+  void set(Knob k, int v);
+};
+
+// One (design, knobs) candidate with what the cost model needs and returns.
+struct Candidate {
+  int design = 0;  // FwdDesign or BwdDesign, as int
+  Knobs knobs;
+  jit::KernelKey key;      // the kernel (the split design: its column kernel)
+  int64_t row_blocks = 0;  // ceil(rows / rows_per_cta)
+  int64_t grid = 0;        // CTAs launched (persistent: SMs x occupancy, capped)
+  size_t smem = 0;         // dynamic shared memory a CTA
+  int regs = 0;            // estimated registers a thread needs
+  int col_vecs = 0;        // kColumnGrads: vectors of columns a column CTA owns
+  int64_t col_ctas = 0;    // kColumnGrads: column CTAs after the row CTAs
+  // Cost model terms (cost_model.cpp).
+  double bytes = 0;       // DRAM bytes moved, partial rows and re-reads included
+  double in_flight = 0;   // bytes a resident SM has requested at once
+  double efficiency = 0;  // fraction of copy bandwidth the model expects
+  double us = 0;          // the model's estimate
+};
+
+// Every feasible candidate of a problem, in catalogue order.
+void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out);
+void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out);
+// The knobs each design declares (overrides of any other knob are refused).
+bool declares(FwdDesign d, Knob k);
+bool declares(BwdDesign d, Knob k);
+
+// Threads per row for `nvec` vectors at about `nv` vectors a thread: a power
+// of two up to a warp (butterfly reductions), else a multiple of 32 (at most
+// 1024) that idles the fewest lanes.
+int threads_per_row(int64_t nvec, int nv);
+// Registers a thread may use when `blocks` CTAs of `threads` share an SM, as
+// ptxas caps them for those launch bounds; and the most CTAs (at most
+// `blocks`) that leave `need` registers.
+int regs_at(int threads, int blocks);
+int blocks_leaving(int threads, int blocks, int need);
+
+}  // namespace rtcnorm

@@ -1,0 +1,156 @@
+#include "ops/norm/plan/planner.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <string>
+
+#include "ops/norm/plan/cost_model.h"
+
+namespace rtcnorm {
+
+NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op) {
+  if (!mode.has_value()) return NormMode::kAuto;
+  const std::string m(mode->data(), mode->size());
+  if (m == "static_persistent") return NormMode::kStaticPersistent;
+  if (m == "multi_wave_reload") return NormMode::kMultiWaveReload;
+  if (m == "multi_wave_cached") return NormMode::kMultiWaveCached;
+  TORCH_CHECK_VALUE(false, "rtcnorm.", op, ": mode must be None, 'static_persistent', 'multi_wave_reload' or ",
+                    "'multi_wave_cached', got '", m, "'");
+}
+
+const char* mode_name(NormMode m) {
+  switch (m) {
+    case NormMode::kAuto:
+      return "auto";
+    case NormMode::kStaticPersistent:
+      return "static_persistent";
+    case NormMode::kMultiWaveReload:
+      return "multi_wave_reload";
+    case NormMode::kMultiWaveCached:
+      return "multi_wave_cached";
+  }
+  return "?";
+}
+
+int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm) {
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, int64_t(sm_count) * std::max(1, blocks_per_sm)));
+}
+
+namespace {
+
+NormOverride& override_slot(bool forward) {
+  static NormOverride fwd, bwd;
+  return forward ? fwd : bwd;
+}
+
+// Keeps the candidates an override allows; none allowed leaves all (the
+// forced design cannot run this problem, which plans as usual).
+void apply_override(bool forward, std::vector<Candidate>& cands, PlanTrace& trace) {
+  const NormOverride& o = override_slot(forward);
+  if (!o.any()) return;
+  std::vector<Candidate> kept;
+  for (const Candidate& c : cands) {
+    bool ok = o.design < 0 || c.design == o.design;
+    for (int k = 0; ok && k < kKnobCount; ++k)
+      if ((o.set >> k & 1u) != 0) ok = c.knobs.get(static_cast<Knob>(k)) == o.knobs.get(static_cast<Knob>(k));
+    if (ok) kept.push_back(c);
+  }
+  if (kept.empty()) return;
+  trace.forced_design = o.design >= 0;
+  trace.forced_knobs = o.set != 0;
+  cands.swap(kept);
+}
+
+// The cheapest candidate; ties keep the catalogue's order. With a trace,
+// the cheapest few in order.
+const Candidate& rank(std::vector<Candidate>& cands, PlanTrace* trace) {
+  TORCH_INTERNAL_ASSERT(!cands.empty(), "rtcnorm: the norm catalogue has no feasible design");
+  std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.us < b.us; });
+  if (trace != nullptr) {
+    trace->considered = static_cast<int>(cands.size());
+    trace->ranked.assign(cands.begin(), cands.begin() + std::min<size_t>(kTraceLength, cands.size()));
+  }
+  return cands.front();
+}
+
+}  // namespace
+
+const NormOverride& norm_override(bool forward) { return override_slot(forward); }
+void set_norm_override(bool forward, const NormOverride& o) { override_slot(forward) = o; }
+
+int design_from_name(bool forward, const std::string& name) {
+  const int n = forward ? kFwdDesignCount : kBwdDesignCount;
+  for (int d = 0; d < n; ++d) {
+    const char* s = forward ? design_name(static_cast<FwdDesign>(d)) : design_name(static_cast<BwdDesign>(d));
+    if (name == s) return d;
+  }
+  return -1;
+}
+
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
+  const Gpu gpu{std::max(1, sm_count), arch};
+  std::vector<Candidate> cands;
+  fwd_candidates(p, requested, gpu, cands);
+  // A cached mode asked of a row that no cached design holds streams it twice.
+  if (cands.empty()) fwd_candidates(p, NormMode::kMultiWaveReload, gpu, cands);
+  NormFwdPlan plan;
+  apply_override(true, cands, plan.trace);
+  for (Candidate& c : cands) cost_fwd(p, gpu, c);
+  const Candidate& best = rank(cands, explain ? &plan.trace : nullptr);
+  plan.design = static_cast<FwdDesign>(best.design);
+  plan.knobs = best.knobs;
+  plan.key = best.key;
+  plan.persistent = best.knobs.persistent;
+  plan.cached = plan.design != FwdDesign::kReloadRow;
+  plan.mode = plan.persistent ? NormMode::kStaticPersistent
+              : plan.cached   ? NormMode::kMultiWaveCached
+                              : NormMode::kMultiWaveReload;
+  plan.row_blocks = best.row_blocks;
+  plan.smem = best.smem;
+  plan.cost_us = best.us;
+  return plan;
+}
+
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
+                          bool explain) {
+  const Gpu gpu{std::max(1, sm_count), arch};
+  const BwdWants w{want_dw, want_db, grad_dh};
+  std::vector<Candidate> cands;
+  bwd_candidates(p, w, gpu, cands);
+  NormBwdPlan plan;
+  apply_override(false, cands, plan.trace);
+  for (Candidate& c : cands) cost_bwd(p, w, gpu, c);
+  const Candidate& best = rank(cands, explain ? &plan.trace : nullptr);
+  plan.design = static_cast<BwdDesign>(best.design);
+  plan.knobs = best.knobs;
+  plan.key = best.key;
+  plan.split = plan.design == BwdDesign::kSplitRow;
+  plan.cached = !plan.split;
+  plan.row_blocks = best.row_blocks;
+  plan.smem = best.smem;
+  plan.cost_us = best.us;
+  plan.programmatic = arch >= 90;
+  plan.col_vecs = best.col_vecs;
+  plan.col_ctas = best.col_ctas;
+  if (plan.split)
+    plan.coef_key = split_coef_key(p, arch);
+  else
+    plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
+  return plan;
+}
+
+SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
+  SplitGrid g;
+  const int64_t nvec = plan.key.hidden / plan.key.vec;
+  g.col_tiles = ceil_div(nvec, plan.key.threads_per_row);
+  // About 8 column CTAs an SM, and at least 32 rows a tile, so the partial
+  // rows stay a few percent of the traffic; gridDim.y <= 65535.
+  const int64_t want = ceil_div(int64_t(sm_count) * 8, g.col_tiles);
+  const int64_t tiles = std::max<int64_t>(1, std::min(want, rows / 32));
+  g.rows_per_tile = std::max(ceil_div(rows, tiles), ceil_div(rows, 65535));
+  g.row_tiles = ceil_div(rows, g.rows_per_tile);
+  return g;
+}
+
+}  // namespace rtcnorm

@@ -1,0 +1,113 @@
+// The norm planner: enumerate the catalogue's feasible candidates for a
+// problem, rank them with the cost model, pick the cheapest, and return the
+// launch plan (with the ranked trace when explaining). Needs no GPU.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "jit/kernel_key.h"
+#include "ops/norm/plan/designs.h"
+#include "ops/norm/plan/families.h"
+#include "ops/norm/plan/problem.h"
+
+namespace rtcnorm {
+
+// The ranked candidates of one planning, for explain() only.
+struct PlanTrace {
+  std::vector<Candidate> ranked;  // cheapest first, at most kTraceLength
+  int considered = 0;             // feasible candidates costed
+  bool forced_design = false;     // an override restricted the design
+  bool forced_knobs = false;      // an override restricted knobs
+};
+constexpr int kTraceLength = 6;
+
+struct NormFwdPlan {
+  FwdDesign design = FwdDesign::kRegisterRow;
+  Knobs knobs;
+  jit::KernelKey key;
+  NormMode mode = NormMode::kAuto;  // resolved, never kAuto
+  bool persistent = false;
+  bool cached = false;  // x is read once (registers or shared memory)
+  int64_t row_blocks = 0;
+  size_t smem = 0;
+  bool prefetch_ahead = false;  // the launcher's L2 prefetch a device-full ahead (no design sets it)
+  double cost_us = 0;
+  PlanTrace trace;  // filled when explaining
+};
+
+struct NormBwdPlan {
+  BwdDesign design = BwdDesign::kRegisterRow;
+  Knobs knobs;
+  jit::KernelKey key;  // the persistent kernel, or the split design's column kernel
+  bool cached = false;
+  bool split = false;
+  jit::KernelKey coef_key;  // the split design's per-row coefficient kernel
+  int64_t row_blocks = 0;
+  size_t smem = 0;
+  // Kernels after the first are launched programmatically (sm_90+).
+  bool programmatic = false;
+  // The persistent grid's units (CTAs, or a row's slices) at most: the
+  // cost model's grid, so that the partial rows it priced are those written.
+  int64_t max_units = std::numeric_limits<int64_t>::max();
+  int col_vecs = 0;  // column-gradient CTAs: none in this catalogue
+  int64_t col_ctas = 0;
+  double cost_us = 0;
+  PlanTrace trace;
+};
+
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false);
+NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
+                          bool explain = false);
+
+// Overrides, process-wide (for tuning and tests): force a design of the
+// catalogue, and set knobs that design declares. Problems the forced design
+// cannot run plan as usual. Throws (naming what is valid) on an unknown
+// design, a knob the design does not declare, or a value out of range.
+struct NormOverride {
+  int design = -1;  // FwdDesign / BwdDesign as int; -1: none
+  Knobs knobs;
+  unsigned set = 0;  // bit k: Knob k is set
+  bool any() const { return design >= 0 || set != 0; }
+};
+void set_norm_override(bool forward, const NormOverride& o);
+const NormOverride& norm_override(bool forward);
+// Parses a design name (FwdDesign or BwdDesign); -1 when unknown.
+int design_from_name(bool forward, const std::string& name);
+std::string describe_override(bool forward, const NormOverride& o);
+
+// The split backward's column-kernel grid: col_tiles x row_tiles CTAs.
+struct SplitGrid {
+  int64_t col_tiles = 0;
+  int64_t row_tiles = 0;
+  int64_t rows_per_tile = 0;
+};
+SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count);
+jit::KernelKey split_coef_key(const NormProblem& p, int arch);
+
+// Persistent grid: every SM full at the kernel's occupancy, never more CTAs
+// than row blocks.
+int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
+inline int64_t bwd_max_units(const NormBwdPlan& plan, int /*sm_count*/) { return plan.max_units; }
+inline int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) { return plan.row_blocks; }
+
+// CTAs that split each row's columns (kClusterBits / kCluster16).
+inline int column_slices(unsigned flags) {
+  return (flags & kCluster16) != 0 ? 16 : 1 << ((flags & kClusterBits) >> kClusterShift);
+}
+// CTAs of a launch's grid group (kGridExchange), 1 for any other plan.
+inline int grid_group_ctas(const jit::KernelKey& k) {
+  return (k.flags & kGridExchange) != 0 ? column_slices(k.flags) : 1;
+}
+// CTAs a persistent backward grid counts as one unit (one partial row).
+inline int grid_unit_ctas(const jit::KernelKey& k) {
+  return (k.flags & kGridExchange) != 0 ? column_slices(k.flags) : k.cluster;
+}
+
+// explain(): the plan's trace as text (only on request, never on launches).
+std::string explain_fwd(const NormFwdPlan& plan);
+std::string explain_bwd(const NormBwdPlan& plan);
+
+}  // namespace rtcnorm

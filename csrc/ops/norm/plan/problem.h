@@ -1,0 +1,66 @@
+// What decides a norm kernel: the problem (op, dtypes, shape, row strides,
+// features) and the GPU's limits. Plain data, no GPU needed.
+#pragma once
+
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "jit/dtype.h"
+#include "kernels/common/params.cuh"
+#include "ops/plan_util.h"
+
+namespace rtcnorm {
+
+// The forward's user-facing modes. kAuto lets the planner choose; the others
+// restrict it to designs of that kind of grid (see designs.h).
+enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMultiWaveCached };
+
+// Parses the user's mode string; throws naming `op` and listing valid values.
+NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op);
+const char* mode_name(NormMode m);
+
+struct NormProblem {
+  NormKind kind = kRmsNorm;
+  jit::DType dtype = jit::DType::kFloat32;
+  jit::DType wdtype = jit::DType::kFloat32;
+  int64_t rows = 0;    // M
+  int64_t hidden = 0;  // N
+  int max_vec = 1;     // widest access every pointer and stride allows (elements)
+  bool has_weight = false;
+  bool has_bias = false;
+  bool zero_centered = false;
+  bool residual = false;
+  // Every row map the kernel reads (x; in the forward also the residual)
+  // has one group: row r starts at r * stride (RowMap::inner_rows >= rows).
+  bool single_stride = true;
+
+  int esize() const { return jit::element_size(dtype); }
+  int wsize() const { return jit::element_size(wdtype); }
+  int affine_tensors() const { return int(has_weight) + int(has_bias); }
+  // Elements of one vector access: at most 16 bytes, dividing N.
+  int vec() const { return widest_vec(dtype, max_vec, hidden); }
+  int64_t nvec() const { return hidden / vec(); }
+  int64_t row_bytes() const { return hidden * esize(); }
+};
+
+// What the backward computes besides dx.
+struct BwdWants {
+  bool dw = false;  // the weight's gradient
+  bool db = false;  // the bias's gradient
+  bool dh = false;  // an incoming gradient of the residual sum h, added to dx
+  int accums() const { return int(dw) + int(db); }
+};
+
+// The device's limits that plans depend on. A fixed table by arch keeps plans
+// (and kernel keys) identical between a GPU-less precompile and the device.
+struct Gpu {
+  int sm_count = 132;
+  int arch = 90;
+  int64_t smem_per_cta() const { return max_smem_per_block(arch); }
+  // CTAs of one thread-block cluster: 8 portable, 16 with sm_90's opt-in.
+  int max_cluster() const { return arch < 90 ? 1 : arch == 90 ? 16 : 8; }
+};
+
+}  // namespace rtcnorm
