@@ -8,6 +8,7 @@
 #include <string>
 
 #include "jit/kernel_cache.h"
+#include "ops/norm/tuned_plans.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan_memo.h"
 
@@ -59,14 +60,9 @@ void put_launch(py::dict& d, const jit::KernelKey& k, int64_t row_blocks) {
   d["column_slices"] = column_slices(k.flags);
 }
 
-py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
-                      const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
-                      bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
-                      bool single_stride) {
-  if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
-    throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
-                          std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
-                          std::to_string(sm_count));
+NormProblem problem_of(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
+                       const std::string& wdtype, bool has_weight, bool has_bias, bool zero_centered, bool residual,
+                       bool single_stride) {
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
   p.dtype = jit::dtype_from_name(dtype);
@@ -79,6 +75,19 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   p.zero_centered = zero_centered;
   p.residual = residual;
   p.single_stride = single_stride;
+  return p;
+}
+
+py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
+                      const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
+                      bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
+                      bool single_stride) {
+  if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
+    throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
+                          std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
+                          std::to_string(sm_count));
+  const NormProblem p =
+      problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual, single_stride);
   std::optional<c10::string_view> mv;
   if (mode.has_value()) mv = c10::string_view(mode->data(), mode->size());
   const NormMode requested = parse_mode(mv, op.c_str());
@@ -88,8 +97,16 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
     sm_count = jit::device_info(device).sm_count;
     arch = jit::device_info(device).arch;
   }
-  const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch, /*explain=*/true);
-  const NormBwdPlan b = plan_norm_bwd(p, has_weight, has_bias, residual, sm_count, arch, /*explain=*/true);
+  // On a device, a measured choice (rtcnorm.tune) is taken as the launch path takes it.
+  std::optional<TunedChoice> tf, tb;
+  if (device >= 0) {
+    tf = find_tuned(true, p, static_cast<unsigned>(requested), jit::device_info(device));
+    tb = find_tuned(false, p, (has_weight ? 1u : 0u) | (has_bias ? 2u : 0u) | (residual ? 4u : 0u),
+                    jit::device_info(device));
+  }
+  const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch, /*explain=*/true, tf ? &*tf : nullptr);
+  const NormBwdPlan b =
+      plan_norm_bwd(p, has_weight, has_bias, residual, sm_count, arch, /*explain=*/true, tb ? &*tb : nullptr);
   py::dict d;
   d["op"] = op;
   d["requested_mode"] = mode.has_value() ? py::cast(*mode) : py::none();
@@ -99,6 +116,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   d["reason"] = explain_fwd(f);
   d["candidates"] = candidates_list<FwdDesign>(f.trace);
   d["cost_us"] = f.cost_us;
+  d["tuned"] = f.trace.tuned;
   d["cached_row"] = f.cached;
   d["persistent"] = f.persistent;
   d["smem"] = f.smem;
@@ -123,6 +141,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["reason"] = explain_bwd(b);
   bd["candidates"] = candidates_list<BwdDesign>(b.trace);
   bd["cost_us"] = b.cost_us;
+  bd["tuned"] = b.trace.tuned;
   bd["cached_row"] = b.cached;
   bd["split"] = b.split;
   put_launch(bd, b.key, b.row_blocks);
@@ -228,6 +247,26 @@ void bind_norm(py::module_& m, py::object (*ptxas)(const jit::KernelKey&)) {
                                               : design_name(static_cast<BwdDesign>(o.design)));
     d["knobs"] = knobs;
     return d;
+  });
+  // rtcnorm.tune: keeps a measured choice for one exact problem on `device`'s GPU model.
+  m.def("_norm_store_tuned",
+        [](const std::string& direction, const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
+           const std::string& wdtype, bool has_weight, bool has_bias, bool zero_centered, bool residual,
+           bool single_stride, int extra, const std::string& design, const py::dict& knobs, int device, bool persist) {
+          const bool fwd = parse_direction(direction);
+          const NormOverride o = parse_override(fwd, design, knobs);
+          TunedChoice c;
+          c.design = o.design;
+          c.knobs = o.knobs;
+          const NormProblem p =
+              problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual, single_stride);
+          const bool stored = store_tuned(fwd, p, static_cast<unsigned>(extra), jit::device_info(device), c, persist);
+          clear_norm_plan_memo();
+          return stored;
+        });
+  m.def("_norm_forget_tuned", [] {
+    forget_tuned();
+    clear_norm_plan_memo();
   });
   m.def("_set_norm_override",
         [](const std::string& direction, const std::optional<std::string>& design, const py::dict& knobs) {

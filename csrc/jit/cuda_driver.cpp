@@ -33,6 +33,7 @@ LoadedDriver load_driver() {
   bool ok =
       bind(lib, "cuInit", a.cuInit, e) && bind(lib, "cuDriverGetVersion", a.cuDriverGetVersion, e) &&
       bind(lib, "cuDeviceGet", a.cuDeviceGet, e) && bind(lib, "cuDeviceGetAttribute", a.cuDeviceGetAttribute, e) &&
+      bind(lib, "cuDeviceGetName", a.cuDeviceGetName, e) &&
       bind(lib, "cuDevicePrimaryCtxRetain", a.cuDevicePrimaryCtxRetain, e) &&
       bind(lib, "cuCtxGetCurrent", a.cuCtxGetCurrent, e) && bind(lib, "cuCtxSetCurrent", a.cuCtxSetCurrent, e) &&
       bind(lib, "cuModuleLoadData", a.cuModuleLoadData, e) && bind(lib, "cuModuleUnload", a.cuModuleUnload, e) &&

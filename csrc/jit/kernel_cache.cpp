@@ -139,6 +139,9 @@ DeviceSlot& slot(int device) {
     check_cu(d.cuDeviceGetAttribute(&s.info.max_smem_optin, kAttrMaxSharedMemoryPerBlockOptin, dev),
              "cuDeviceGetAttribute");
     s.info.arch = major * 10 + minor;
+    char name[128] = {};
+    check_cu(d.cuDeviceGetName(name, sizeof name - 1, dev), "cuDeviceGetName");
+    s.info.name = name;
     check_cu(d.cuDevicePrimaryCtxRetain(&s.ctx, dev), "cuDevicePrimaryCtxRetain");
   });
   return s;

@@ -33,6 +33,7 @@ struct DeviceInfo {
   int sm_count = 0;
   int arch = 0;  // major * 10 + minor
   int max_smem_optin = 0;
+  std::string name;  // the driver's product name ("NVIDIA H200"): measured tuning is kept per name
 };
 
 // Queried once per device through the driver.

@@ -196,7 +196,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
 
   const int dev = check_device_arch(input, op);
   const auto& info = jit::device_info(dev);
-  const NormFwdPlan plan = memo_plan_norm_fwd(p, mode, info.sm_count, info.arch);
+  const NormFwdPlan plan = memo_plan_norm_fwd(p, mode, dev);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
   const int group_ctas = grid_group_ctas(plan.key);
@@ -280,7 +280,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
 
   const int dev = check_device_arch(input, op);
   const auto& info = jit::device_info(dev);
-  const NormBwdPlan plan = memo_plan_norm_bwd(p, want_dw, want_db, dh.defined(), info.sm_count, info.arch);
+  const NormBwdPlan plan = memo_plan_norm_bwd(p, want_dw, want_db, dh.defined(), dev);
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
   // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.

@@ -16,11 +16,13 @@ namespace rtcnorm {
 
 constexpr size_t kNormPlanMemoEntries = 4096;
 
-// plan_norm_fwd / plan_norm_bwd without the reason text, memoized.
-NormFwdPlan memo_plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch);
-NormBwdPlan memo_plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch);
+// plan_norm_fwd / plan_norm_bwd for a CUDA device, without the trace,
+// memoized; a measured choice for the problem on that GPU model is taken
+// where one is stored (ops/norm/tuned_plans.h).
+NormFwdPlan memo_plan_norm_fwd(const NormProblem& p, NormMode requested, int device);
+NormBwdPlan memo_plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int device);
 
-// Forgets every memoized plan (called whenever a planner override changes).
+// Forgets every memoized plan (called whenever an override or a tuned choice changes).
 void clear_norm_plan_memo();
 
 }  // namespace rtcnorm

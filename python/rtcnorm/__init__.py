@@ -22,6 +22,7 @@ from . import _C, _ops, _softmax_ops, distributed, jit, softmax  # noqa: E402  (
 from .functional import layer_norm, rms_norm  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
 from .modules import LayerNorm, RMSNorm  # noqa: E402
+from .tuning import tune  # noqa: E402
 from .patch import PatchSummary, patch, patched, unpatch  # noqa: E402
 from .softmax import (  # noqa: E402
     FusedScaleMaskSoftmax,
@@ -51,6 +52,7 @@ __all__ = [
     "scaled_softmax",
     "scaled_upper_triang_masked_softmax",
     "softmax",
+    "tune",
     "unpatch",
 ]
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import tuning
 from .modes import MODES, check_mode
 
 RMS_NORM = torch.ops.rtcnorm.rms_norm.default
@@ -77,6 +78,8 @@ def rms_norm(
     backward is once differentiable: a second derivative raises.
     """
     checked_mode(mode, "rms_norm")
+    if tuning.AUTOTUNE:
+        tuning.maybe_autotune("rms_norm", input, weight, None, residual, mode, zero_centered_gamma)
     shape = (normalized_shape,) if type(normalized_shape) is int else normalized_shape
     try:
         if residual is None:
@@ -109,6 +112,8 @@ def layer_norm(
     backward is once differentiable: a second derivative raises.
     """
     checked_mode(mode, "layer_norm")
+    if tuning.AUTOTUNE:
+        tuning.maybe_autotune("layer_norm", input, weight, bias, None, mode, zero_centered_gamma)
     shape = (normalized_shape,) if type(normalized_shape) is int else normalized_shape
     try:
         return LAYER_NORM(input, shape, weight, bias, eps, mode, zero_centered_gamma)[0]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from . import tuning
 from .functional import ADD_RMS_NORM, LAYER_NORM, RMS_NORM, checked_mode, checked_shape
 
 
@@ -91,6 +92,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         # The op checks the mode and shape itself; __init__ already did.
+        if tuning.AUTOTUNE:
+            tuning.maybe_autotune("rms_norm", x, self.weight, None, residual, self.mode, self.zero_centered_gamma)
         if residual is None:
             return RMS_NORM(x, self.normalized_shape, self.weight, self.eps, self.mode, self.zero_centered_gamma)[0]
         y, h, _ = ADD_RMS_NORM(
@@ -199,6 +202,8 @@ class LayerNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuning.AUTOTUNE:
+            tuning.maybe_autotune("layer_norm", x, self.weight, self.bias, None, self.mode, self.zero_centered_gamma)
         return LAYER_NORM(
             x, self.normalized_shape, self.weight, self.bias, self.eps, self.mode, self.zero_centered_gamma
         )[0]

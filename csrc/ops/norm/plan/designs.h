@@ -58,6 +58,13 @@ struct Knobs {
   void set(Knob k, int v);
 };
 
+// A measured choice (rtcnorm.tune): the design and every knob of the
+// candidate that timed fastest for one exact problem on one GPU model.
+struct TunedChoice {
+  int design = -1;  // FwdDesign / BwdDesign as int
+  Knobs knobs;
+};
+
 // One (design, knobs) candidate with what the cost model needs and returns.
 struct Candidate {
   int design = 0;  // FwdDesign or BwdDesign, as int

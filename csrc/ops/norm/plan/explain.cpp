@@ -36,6 +36,7 @@ std::string trace_text(const PlanTrace& t, const char* what) {
   }
   os << "; " << what << " ranked " << t.considered << " feasible candidates by the cost model";
   if (t.forced_design || t.forced_knobs) os << " (restricted by an override)";
+  if (t.tuned) os << " (the measured choice of rtcnorm.tune)";
   return os.str();
 }
 

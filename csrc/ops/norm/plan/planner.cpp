@@ -44,21 +44,33 @@ NormOverride& override_slot(bool forward) {
   return forward ? fwd : bwd;
 }
 
-// Keeps the candidates an override allows; none allowed leaves all (the
+bool matches(const Candidate& c, int design, const Knobs& knobs, unsigned set) {
+  if (design >= 0 && c.design != design) return false;
+  for (int k = 0; k < kKnobCount; ++k)
+    if ((set >> k & 1u) != 0 && c.knobs.get(static_cast<Knob>(k)) != knobs.get(static_cast<Knob>(k))) return false;
+  return true;
+}
+
+// Keeps the candidates an override allows, else the tuned choice; none allowed leaves all (the
 // forced design cannot run this problem, which plans as usual).
-void apply_override(bool forward, std::vector<Candidate>& cands, PlanTrace& trace) {
+void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& cands, PlanTrace& trace) {
   const NormOverride& o = override_slot(forward);
-  if (!o.any()) return;
+  const int designs = forward ? kFwdDesignCount : kBwdDesignCount;
+  const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < designs;
+  unsigned declared = 0;  // the tuned design's knobs
+  for (int k = 0; use_tuned && k < kKnobCount; ++k)
+    if (forward ? declares(static_cast<FwdDesign>(tuned->design), static_cast<Knob>(k))
+                : declares(static_cast<BwdDesign>(tuned->design), static_cast<Knob>(k)))
+      declared |= 1u << k;
+  if (!o.any() && !use_tuned) return;
   std::vector<Candidate> kept;
-  for (const Candidate& c : cands) {
-    bool ok = o.design < 0 || c.design == o.design;
-    for (int k = 0; ok && k < kKnobCount; ++k)
-      if ((o.set >> k & 1u) != 0) ok = c.knobs.get(static_cast<Knob>(k)) == o.knobs.get(static_cast<Knob>(k));
-    if (ok) kept.push_back(c);
-  }
+  for (const Candidate& c : cands)
+    if (use_tuned ? matches(c, tuned->design, tuned->knobs, declared) : matches(c, o.design, o.knobs, o.set))
+      kept.push_back(c);
   if (kept.empty()) return;
-  trace.forced_design = o.design >= 0;
-  trace.forced_knobs = o.set != 0;
+  trace.forced_design = !use_tuned && o.design >= 0;
+  trace.forced_knobs = !use_tuned && o.set != 0;
+  trace.tuned = use_tuned;
   cands.swap(kept);
 }
 
@@ -88,14 +100,15 @@ int design_from_name(bool forward, const std::string& name) {
   return -1;
 }
 
-NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain) {
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain,
+                          const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
   fwd_candidates(p, requested, gpu, cands);
   // A cached mode asked of a row that no cached design holds streams it twice.
   if (cands.empty()) fwd_candidates(p, NormMode::kMultiWaveReload, gpu, cands);
   NormFwdPlan plan;
-  apply_override(true, cands, plan.trace);
+  restrict(true, tuned, cands, plan.trace);
   for (Candidate& c : cands) cost_fwd(p, gpu, c);
   const Candidate& best = rank(cands, explain ? &plan.trace : nullptr);
   plan.design = static_cast<FwdDesign>(best.design);
@@ -113,13 +126,13 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
 }
 
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
-                          bool explain) {
+                          bool explain, const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   const BwdWants w{want_dw, want_db, grad_dh};
   std::vector<Candidate> cands;
   bwd_candidates(p, w, gpu, cands);
   NormBwdPlan plan;
-  apply_override(false, cands, plan.trace);
+  restrict(false, tuned, cands, plan.trace);
   for (Candidate& c : cands) cost_bwd(p, w, gpu, c);
   const Candidate& best = rank(cands, explain ? &plan.trace : nullptr);
   plan.design = static_cast<BwdDesign>(best.design);

@@ -21,6 +21,7 @@ struct PlanTrace {
   int considered = 0;             // feasible candidates costed
   bool forced_design = false;     // an override restricted the design
   bool forced_knobs = false;      // an override restricted knobs
+  bool tuned = false;             // a measured choice (rtcnorm.tune) was taken
 };
 constexpr int kTraceLength = 6;
 
@@ -58,9 +59,12 @@ struct NormBwdPlan {
   PlanTrace trace;
 };
 
-NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false);
+// `tuned`: a measured choice for this exact problem, taken where it is
+// feasible and no override is set (else the cost model decides).
+NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false,
+                          const TunedChoice* tuned = nullptr);
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
-                          bool explain = false);
+                          bool explain = false, const TunedChoice* tuned = nullptr);
 
 // Overrides, process-wide (for tuning and tests): force a design of the
 // catalogue, and set knobs that design declares. Problems the forced design
