@@ -22,7 +22,6 @@ from . import _C, _ops, _softmax_ops, distributed, jit, softmax  # noqa: E402  (
 from .functional import layer_norm, rms_norm  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
 from .modules import LayerNorm, RMSNorm  # noqa: E402
-from .tuning import tune  # noqa: E402
 from .patch import PatchSummary, patch, patched, unpatch  # noqa: E402
 from .softmax import (  # noqa: E402
     FusedScaleMaskSoftmax,
@@ -31,6 +30,7 @@ from .softmax import (  # noqa: E402
     scaled_softmax,
     scaled_upper_triang_masked_softmax,
 )
+from .tuning import tune  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -173,7 +173,7 @@ def tune(
 
             picked = plan_of(direction)
             timed = []
-            for c in _candidates(direction, lambda: plan_of(direction)):
+            for c in _candidates(direction, lambda d=direction: plan_of(d)):
                 with norm_override(direction, c["design"], **c["knobs"]):
                     timed.append({**c, "ms": _device_ms(run, reps, flush)})
             default_ms = _device_ms(run, reps, flush)
