@@ -41,7 +41,8 @@ jit::KernelKey base_key(const NormProblem& p, const jit::KernelFamily* fam, int 
 // sm_90: RMSNorm bf16 at 8 / 16 / 32 elements takes 63 / 80+ / 130+).
 int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_terms) {
   const int raw = elems * p.esize() * (w.dh ? 3 : 2) / 4;
-  return 40 + elems * (1 + w.accums()) + (keep_terms ? 3 * elems : raw);
+  const int centred = p.kind == kLayerNorm ? elems : 0;  // LayerNorm's x - mean
+  return 40 + elems * (1 + w.accums()) + centred + (keep_terms ? 3 * elems : raw);
 }
 
 // Rows of `hidden` elements (a slice when sliced) held by the CTA's threads.
@@ -193,11 +194,12 @@ jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
   return c;
 }
 
-void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
+void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   row_candidates(p, w, gpu, 1, out);
   // Slicing pays an exchange a row block: only for rows one CTA cannot hold,
-  // or for fewer rows than SMs (more SMs then load each row).
-  if (out.empty() || p.rows < gpu.sm_count) sliced_candidates(p, w, gpu, out);
+  // or for fewer rows than SMs (more SMs then load each row); `every` (a
+  // forced design) considers every feasible design.
+  if (every || out.empty() || p.rows < gpu.sm_count) sliced_candidates(p, w, gpu, out);
   column_candidates(p, w, gpu, out);
   split_candidates(p, w, gpu, out);
 }

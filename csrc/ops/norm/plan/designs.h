@@ -83,9 +83,12 @@ struct Candidate {
   double us = 0;          // the model's estimate
 };
 
-// Every feasible candidate of a problem, in catalogue order.
-void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out);
-void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out);
+// The candidates of a problem, in catalogue order. A design another one
+// dominates on the problem (shared-memory rows where registers hold the row,
+// sliced rows where one CTA holds it and rows fill the GPU) is left out
+// unless `every` (a forced design: every feasible candidate).
+void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
+void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 // The knobs each design declares (overrides of any other knob are refused).
 bool declares(FwdDesign d, Knob k);
 bool declares(BwdDesign d, Knob k);

@@ -26,13 +26,16 @@ unsigned feature_flags(const NormProblem& p) {
 
 // Registers a thread of a register row needs: the row as stored, the
 // residual's operand while h is formed, gamma / beta packs where they are
-// loaded beside x, LayerNorm's centred values, and about 32 for addresses,
-// sums and indices (ptxas, sm_90: bf16 rows of 32 / 64 / 128 bytes a thread
-// take 55 / 64 / 72 in RMSNorm; LayerNorm spills 156 bytes at 72).
-int fwd_row_regs(const NormProblem& p, int thread_bytes, bool preload, bool two_pass) {
+// loaded beside x, LayerNorm's centred values (or a slice's merged
+// moments), and about 24 for addresses, sums and indices (ptxas, sm_90: bf16
+// rows of 32 / 64 / 128 bytes a thread take 55 / 64 / 72 in RMSNorm;
+// LayerNorm spills 156 bytes at 72, and a slice of it 84 at 80).
+int fwd_row_regs(const NormProblem& p, int thread_bytes, bool preload, bool sliced) {
   const int raw = thread_bytes / 4;
   const int affine = preload ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0;
-  return 24 + raw + raw / 4 + (two_pass ? raw / 2 : 0) + (p.residual ? raw : 0) + affine;
+  // LayerNorm: two passes over the held row, or (slices) merged moments.
+  const int layer = p.kind == kLayerNorm ? (sliced ? 2 * raw : raw) : 0;
+  return 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) + affine;
 }
 
 struct Layout {
@@ -121,7 +124,7 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
         Candidate c;
         c.design = static_cast<int>(slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow);
         const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
-        c.regs = fwd_row_regs(p, thread_bytes, aff == kPreloadAffine, two_pass_stats(p, l.tpr));
+        c.regs = fwd_row_regs(p, thread_bytes, aff == kPreloadAffine, slices > 1);
         const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), c.regs);
         if (regs_at(l.threads, blocks) < c.regs) continue;  // would spill
         const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
@@ -227,13 +230,16 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
 
 }  // namespace
 
-void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
+void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   register_rows(p, mode, gpu, 1, out);
   // Slicing pays an exchange a row block: only for rows one CTA cannot hold,
   // or for fewer rows than SMs (more SMs then load each row).
   const bool held = !out.empty();
-  if (!held || p.residual) smem_rows(p, mode, gpu, out);
-  if (!p.residual && mode != NormMode::kMultiWaveReload && (!held || p.rows < gpu.sm_count))
+  // Shared-memory rows only where registers cannot hold the row, or beside
+  // a residual (its operand crowds the registers); `every` (a forced
+  // design) considers every feasible design.
+  if (every || !held || p.residual) smem_rows(p, mode, gpu, out);
+  if (!p.residual && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))
     sliced_rows(p, mode, gpu, out);
   reload_rows(p, mode, gpu, out);
 }

@@ -104,9 +104,10 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                           const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
-  fwd_candidates(p, requested, gpu, cands);
+  const bool every = override_slot(true).design >= 0;
+  fwd_candidates(p, requested, gpu, cands, every);
   // A cached mode asked of a row that no cached design holds streams it twice.
-  if (cands.empty()) fwd_candidates(p, NormMode::kMultiWaveReload, gpu, cands);
+  if (cands.empty()) fwd_candidates(p, NormMode::kMultiWaveReload, gpu, cands, every);
   NormFwdPlan plan;
   restrict(true, tuned, cands, plan.trace);
   for (Candidate& c : cands) cost_fwd(p, gpu, c);
@@ -130,7 +131,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const Gpu gpu{std::max(1, sm_count), arch};
   const BwdWants w{want_dw, want_db, grad_dh};
   std::vector<Candidate> cands;
-  bwd_candidates(p, w, gpu, cands);
+  bwd_candidates(p, w, gpu, cands, override_slot(false).design >= 0);
   NormBwdPlan plan;
   restrict(false, tuned, cands, plan.trace);
   for (Candidate& c : cands) cost_bwd(p, w, gpu, c);

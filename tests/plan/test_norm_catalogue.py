@@ -1,0 +1,178 @@
+"""The norm planner's catalogue, cost model and overrides, on trace fields only.
+
+Planning needs no GPU and compiles nothing: every test here runs on the CPU
+against an assumed sm_90 part of 132 SMs unless it says otherwise. Assertions
+read the plan's fields (design, knobs, candidates, costs), never its prose.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rtcnorm
+from rtcnorm import _tuning
+
+FWD_DESIGNS = {
+    "register_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "persistent"],
+    "smem_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
+    "sliced_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "slices", "ring_stages", "grid_exchange"],
+    "reload_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "persistent"],
+}
+BWD_DESIGNS = {
+    "register_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
+    "staged_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "ring_stages"],
+    "sliced_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "slices", "ring_stages", "grid_exchange"],
+    "split_row": ["vecs_per_thread"],
+    "column_grads": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
+}
+
+
+def plan(op="rms_norm", shape=(16384, 4096), dtype=torch.bfloat16, **kw):
+    return rtcnorm.explain(op, shape, dtype, device="cpu", **kw)
+
+
+def test_the_catalogue_lists_each_design_with_its_knobs():
+    assert _tuning.norm_designs("fwd") == FWD_DESIGNS
+    assert _tuning.norm_designs("bwd") == BWD_DESIGNS
+
+
+# (op, shape, forward design, backward design): one problem each design is picked for.
+PICKS = [
+    ("rms_norm", (16384, 4096), "register_row", "register_row"),
+    ("layer_norm", (16384, 4096), "register_row", "register_row"),
+    ("rms_norm", (1416, 112459), "smem_row", "split_row"),
+    ("rms_norm", (13, 130728), "reload_row", "split_row"),
+    ("rms_norm", (512, 131072), "sliced_row", "sliced_row"),
+    ("rms_norm", (32, 4096), "register_row", "column_grads"),
+]
+
+
+@pytest.mark.parametrize("op,shape,fwd,bwd", PICKS, ids=[f"{o}-{s[0]}x{s[1]}" for o, s, *_ in PICKS])
+def test_the_cheapest_candidate_is_picked(op, shape, fwd, bwd):
+    p = plan(op, shape)
+    for d, want in ((p, fwd), (p["backward"], bwd)):
+        assert d["design"] == want
+        first = d["candidates"][0]
+        assert (first["design"], first["knobs"]) == (d["design"], d["knobs"])
+        costs = [c["us"] for c in d["candidates"]]
+        assert costs == sorted(costs)
+        assert d["cost_us"] == pytest.approx(costs[0])
+
+
+@pytest.mark.parametrize("shape", [(1, 4096), (4096, 1024), (262144, 128), (4096, 9999), (2048, 32768), (94, 45056)])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_costs_are_physical(op, shape):
+    """Every ranked candidate moves at least the op's own bytes, streams at
+    no more than copy bandwidth, and fits the launch bounds' registers."""
+    m, n = shape
+    p = plan(op, shape)
+    for d, streams in ((p, 2), (p["backward"], 3)):
+        for c in d["candidates"]:
+            assert c["bytes"] >= m * n * 2 * streams
+            assert 0 < c["efficiency"] <= 1
+            assert c["us"] > 0
+            assert 32 <= c["registers"] <= 255
+            assert c["grid"] >= 1
+
+
+def test_sm80_has_no_sliced_rows():
+    """Thread-block clusters and grid groups need sm_90: sm_80 plans never slice a row."""
+    for shape in [(512, 131072), (32, 4096), (94, 45056)]:
+        p = rtcnorm.explain("rms_norm", shape, torch.bfloat16, device="cpu", arch="sm_80", sm_count=108)
+        assert all(c["design"] != "sliced_row" for c in p["candidates"] + p["backward"]["candidates"])
+
+
+@pytest.mark.parametrize(
+    "mode,design,persistent",
+    [
+        ("static_persistent", "register_row", 1),
+        ("multi_wave_cached", "register_row", 0),
+        ("multi_wave_reload", "reload_row", 0),
+    ],
+)
+def test_modes_restrict_the_forward(mode, design, persistent):
+    p = plan(shape=(16384, 4096), mode=mode)
+    assert (p["mode"], p["design"], p["knobs"]["persistent"]) == (mode, design, persistent)
+    assert all(c["design"] == design for c in p["candidates"])
+
+
+def test_a_cached_mode_on_a_row_no_cached_design_holds_streams_it_twice():
+    p = rtcnorm.explain(
+        "rms_norm", (13, 1 << 20), torch.bfloat16, device="cpu", arch="sm_80", sm_count=108, mode="multi_wave_cached"
+    )
+    assert p["design"] == "reload_row" and not p["cached_row"]
+
+
+@pytest.mark.parametrize(
+    "direction,design", [(d, x) for d, t in (("fwd", FWD_DESIGNS), ("bwd", BWD_DESIGNS)) for x in t]
+)
+def test_forcing_a_design_runs_it_where_it_is_feasible(direction, design):
+    shapes = {"column_grads": (32, 4096), "sliced_row": (64, 65536), "smem_row": (64, 65536)}
+    shape = shapes.get(design, (4096, 8192))
+    with _tuning.norm_override(direction, design):
+        p = plan(shape=shape)
+        d = p if direction == "fwd" else p["backward"]
+        assert d["design"] == design
+        assert all(c["design"] == design for c in d["candidates"])
+    after = plan(shape=shape)
+    assert _tuning.norm_get(direction) == {"design": None, "knobs": {}}
+    assert (after if direction == "fwd" else after["backward"])["candidates"][0]["us"] == pytest.approx(
+        (after if direction == "fwd" else after["backward"])["cost_us"]
+    )
+
+
+def test_a_knob_override_restricts_the_candidates():
+    with _tuning.norm_override("bwd", "register_row", cta_threads=256, vecs_per_thread=2):
+        d = plan(shape=(16384, 4096))["backward"]
+    assert d["design"] == "register_row"
+    assert (d["knobs"]["cta_threads"], d["knobs"]["vecs_per_thread"]) == (256, 2)
+    assert all((c["knobs"]["cta_threads"], c["knobs"]["vecs_per_thread"]) == (256, 2) for c in d["candidates"])
+
+
+def test_a_forced_design_that_cannot_run_plans_as_usual():
+    """column_grads needs few row blocks; on many rows the cost model decides."""
+    with _tuning.norm_override("bwd", "column_grads"):
+        d = plan(shape=(262144, 4096))["backward"]
+    assert d["design"] != "column_grads"
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,match",
+    [
+        (("fwd", "warp_row"), {}, "unknown forward norm design 'warp_row'; valid: register_row"),
+        (("bwd", "smem_row"), {}, "unknown backward norm design 'smem_row'"),
+        (("fwd", "smem_row"), {"persistent": 1}, "knob 'persistent' is not declared by the forced design"),
+        (("bwd", None), {"threads": 128}, "knob 'threads' is not declared by any design"),
+        (("fwd", None), {"cta_threads": 4096}, r"knob cta_threads must be in \[0, 1024\]"),
+        (("sideways", None), {}, "direction must be 'fwd' or 'bwd'"),
+    ],
+)
+def test_bad_overrides_are_refused_and_change_nothing(args, kwargs, match):
+    before = (_tuning.norm_get("fwd"), _tuning.norm_get("bwd")) if args[0] in ("fwd", "bwd") else None
+    with pytest.raises(ValueError, match=match):
+        with _tuning.norm_override(*args, **kwargs):
+            pass
+    if before is not None:
+        assert (_tuning.norm_get("fwd"), _tuning.norm_get("bwd")) == before
+
+
+def test_a_knob_must_be_an_integer():
+    with pytest.raises(TypeError, match="knob cta_threads must be an int"):
+        with _tuning.norm_override("fwd", "register_row", cta_threads="128"):
+            pass
+
+
+def test_explain_names_the_trace_without_a_gpu():
+    p = plan(shape=(16384, 4096))
+    assert p["tuned"] is False and p["backward"]["tuned"] is False
+    assert p["assumed"].startswith("sm_90, 132 SMs")
+    assert p["reason"] and p["backward"]["reason"]
+
+
+def test_wider_rows_never_get_fewer_bytes_a_thread_in_registers():
+    """Register rows hold at most 128 bytes a thread: wider rows take more threads, then other designs."""
+    for n in (1024, 4096, 16384, 65536):
+        p = plan(shape=(16384, n))
+        if p["design"] == "register_row":
+            assert p["vecs_per_thread"] * p["vec"] * 2 <= 128
