@@ -10,11 +10,10 @@ float64 reference, outputs poisoned beforehand.
 from __future__ import annotations
 
 import pytest
-import torch
-
 import rtcnorm
-from rtcnorm import _tuning
+import torch
 from reference import assert_close, ref_layer_norm, ref_rms_norm
+from rtcnorm import _tuning
 
 pytestmark = pytest.mark.gpu
 

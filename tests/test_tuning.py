@@ -6,9 +6,8 @@ test_norm_designs_gpu.py."""
 from __future__ import annotations
 
 import pytest
-import torch
-
 import rtcnorm
+import torch
 from rtcnorm import tuning
 
 

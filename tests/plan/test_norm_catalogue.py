@@ -8,9 +8,8 @@ read the plan's fields (design, knobs, candidates, costs), never its prose.
 from __future__ import annotations
 
 import pytest
-import torch
-
 import rtcnorm
+import torch
 from rtcnorm import _tuning
 
 FWD_DESIGNS = {
