@@ -220,10 +220,25 @@ def test_bench_without_gpu(capsys):
     assert (rc, out, err) == (1, "", "rtcnorm bench: error: bench needs a CUDA GPU and none is visible\n")
 
 
-def test_tune_is_not_available_yet(capsys):
+def test_tune_needs_shapes(capsys):
     rc, out, err = run(capsys, "tune")
     assert (rc, out) == (2, "")
-    assert err == "rtcnorm tune: error: not available yet: tuning arrives with the planner rework\n"
+    assert err.count("\n") == 1 and "--shapes" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_tune_without_gpu(capsys):
+    rc, out, err = run(capsys, "tune", "--shapes", "128x256")
+    assert (rc, out, err) == (1, "", "rtcnorm tune: error: tune needs a CUDA GPU and none is visible\n")
+
+
+@pytest.mark.gpu
+def test_tune_on_gpu_prints_the_picked_and_tuned_times(capsys, cache):
+    rc, out, err = run(capsys, "tune", "--shapes", "512x1000", "--ops", "rms_norm", "--reps", "3", "-q")
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [r[:3] for r in rows] == [["rms_norm", "512x1000", "fwd"], ["rms_norm", "512x1000", "bwd"]]
+    assert all(float(r[4]) <= float(r[3]) * 1.05 for r in rows)
 
 
 def test_module_entry_and_console_script(cache):

@@ -1,7 +1,7 @@
 """``python -m rtcnorm`` / ``rtcnorm``: inspect the install, fill and check the kernel cache, benchmark.
 
 Every error is one line on stderr with a non-zero exit status: 2 for bad
-arguments (and ``tune``, not available yet), 1 for a failed command.
+arguments, 1 for a failed command.
 """
 
 from __future__ import annotations
@@ -300,11 +300,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_tune(args) -> int:
-    print(f"{args.prog}: error: not available yet: tuning arrives with the planner rework", file=sys.stderr)
-    return 2
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="rtcnorm",
@@ -360,8 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", type=_dtype, default=torch.bfloat16)
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("tune", help="tune launch plans (not available yet)")
-    s.set_defaults(func=cmd_tune)
+    from . import cli_tune
+
+    cli_tune.add_parser(sub, _shape, _dtype, NORM_OPS)
     return p
 
 
