@@ -224,8 +224,11 @@ def run_family(family: str, a, meta: dict) -> list[dict]:
         row = dict(dict(family=family, impl=impl, mode=mode), **row, wall_s=round(time.monotonic() - t0, 1))
         rows.append(row)
         todo.pop(0)
-        if w is not None and impl == "liger" and row["status"] != "skipped" and todo:
-            w.close()  # Liger may have patched transformers' classes in that process
+        # Liger may have patched transformers' classes in that process; a failure
+        # may have left its CUDA context unusable: the next variant gets a fresh one.
+        fresh = row["status"] == "failed" or (impl == "liger" and row["status"] != "skipped")
+        if w is not None and fresh and todo:
+            w.close()
             w = None
         fam_meta.pop("running")
         fam_meta["wall_s"] = round(time.monotonic() - start, 1)
