@@ -93,7 +93,7 @@ def worker(a) -> None:
         except Skip as e:
             row.update(status="skipped", reason=str(e))
         except Exception as e:  # a failed variant is a table cell, not the end of the run
-            row.update(status="failed", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            row.update(status="failed", reason=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
             traceback.print_exc()
         release_memory()
         proto.write("ROW " + json.dumps(row) + "\n")

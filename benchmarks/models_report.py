@@ -96,7 +96,10 @@ def markdown(metas: dict, rows: list[dict]) -> str:
     if prof:
         lines += [
             "",
-            "Profiled step (one more step under torch.profiler; times include its overhead):",
+            "Profiled step (one more step under torch.profiler; times include its overhead). `host ms`: "
+            "until the step was queued; `device busy ms`: the sum of kernel times; `norm kernels ms`: kernels "
+            "named rms_norm or layer_norm (rtcnorm's, Liger's, torch's LayerNorm; torch's RMSNorm runs as "
+            "generic kernels and counts 0). Full tables: parts/profile_<family>_<impl>_<mode>.txt.",
             "",
             "| family | impl | mode | wall ms | host ms | device busy ms | norm kernels ms | kernels | top device call |",
             "|---|---|---|---|---|---|---|---|---|",
