@@ -51,6 +51,12 @@ def table(data: dict) -> str:
             base, mine = ok.get((fam, "torch", mode)), ok.get((fam, "rtcnorm", mode))
             cells.append(f"{base / mine:.2f}x" if base and mine else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    by_hand = sorted({NAMES[r["family"]] for r in rows if r["impl"] == "liger" and "by hand" in r.get("note", "")})
+    if by_hand:
+        lines += [
+            "",
+            f"Liger has no patch for {', '.join(by_hand)}: its norms were swapped for Liger's modules by hand.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -10,17 +10,26 @@
 # log and one profile per variant. Liger is used when importable (PYTHONPATH);
 # otherwise its rows say why they were skipped. With fewer than four GPUs the
 # families share them in turn. About BUDGET + 30 seconds of wall time.
-# MODELS_ARGS adds arguments to every bench_models.py run (e.g. "--smoke
-# --device cpu --backend aot_eager" for a dry run of this script).
+# MODELS_ARGS adds arguments to every bench_models.py run: NGPU=4
+# MODELS_ARGS="--smoke --device cpu --backend aot_eager" is a CPU dry run.
 set -uo pipefail
 out=${1:?usage: run_models_gpu.sh OUT [BUDGET]}
 budget=${2:-270}
 here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out/parts"
-ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-[ "$ngpu" -ge 1 ] || { echo "run_models_gpu.sh: no GPU visible (nvidia-smi -L)" >&2; exit 1; }
-python3 -c "import rtcnorm, transformers, matplotlib" || exit 1
-python3 -c "import liger_kernel.transformers" 2>/dev/null && echo "Liger: importable" || echo "Liger: not importable"
+found=$(python3 -c "
+import matplotlib, rtcnorm, torch, transformers
+try:
+    import liger_kernel.transformers
+    liger = 'importable'
+except Exception as e:
+    liger = 'not importable: ' + str(e).splitlines()[0]
+print(torch.cuda.device_count(), 'rtcnorm', rtcnorm.__version__, 'torch', torch.__version__,
+      'transformers', transformers.__version__, '- Liger', liger)
+" 2>/dev/null) || { echo "run_models_gpu.sh: needs rtcnorm, torch, transformers and matplotlib importable" >&2; exit 1; }
+echo "${found#* }"
+ngpu=${NGPU:-${found%% *}}
+[ "$ngpu" -ge 1 ] || { echo "run_models_gpu.sh: no GPU visible to torch (NGPU=1 forces one)" >&2; exit 1; }
 # The four processes share rtcnorm's disk cache (flock) and torch.compile's;
 # each gets a quarter of the host's cores.
 quarter=$(($(nproc) / 4 > 1 ? $(nproc) / 4 : 1))

@@ -198,3 +198,31 @@ def test_readme_table_refuses_a_file_that_is_not_a_merged_result(tmp_path):
         [sys.executable, os.path.join(BENCH, "readme_models.py"), str(bad)], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 2 and "is not a merged bench_models.py result" in run.stderr
+
+
+@pytest.mark.slow
+def test_gpu_driver_script_dry_run_on_cpu_merges_four_families(tmp_path):
+    pytest.importorskip("matplotlib")
+    env = dict(os.environ, NGPU="4", MODELS_ARGS="--smoke --device cpu --impls torch rtcnorm --modes eager")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "python"), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        ["bash", os.path.join(BENCH, "run_models_gpu.sh"), str(tmp_path), "120"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    merged = json.loads((tmp_path / "models.json").read_text())
+    assert {(r["family"], r["impl"], r["status"]) for r in merged["rows"]} == {
+        (f, i, "ok") for f in ("qwen3", "llama", "gemma3", "gpt2") for i in ("torch", "rtcnorm")
+    }
+    assert all(r["profile"]["top_cpu"] for r in merged["rows"])
+    readme = (tmp_path / "readme_models.md").read_text()
+    assert [x.split("|")[1].strip() for x in readme.splitlines() if x.startswith("| ") and "step" not in x] == [
+        "Qwen3",
+        "Llama",
+        "Gemma3",
+        "GPT-2",
+    ]
+    assert (tmp_path / "models.png").read_bytes()[:4] == b"\x89PNG"
