@@ -162,7 +162,7 @@ class Worker:
         else:
             self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.kill()
             self.proc.wait()
@@ -246,7 +246,7 @@ def run_meta(a) -> dict:
 
     meta = dict(device=a.device, dtype=a.dtype, backend=a.backend, steps=a.steps, warmup=a.warmup)
     meta.update(torch=torch.__version__, transformers=transformers.__version__, shape=SMOKE if a.smoke else FULL)
-    meta["gpu"] = torch.cuda.get_device_name() if a.device == "cuda" else "CPU"
+    meta["gpu"] = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "CPU"
     try:
         import rtcnorm
 
