@@ -83,6 +83,16 @@ def markdown(metas: dict, rows: list[dict]) -> str:
             cells += [f"{r['status']} [{len(notes)}]"] + [""] * 6
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "`vs torch`: torch's step time over this one, same mode. `host ms`: time to queue a step."]
+    target = []
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        for mode in MODES:
+            mine, peer = find(rows, fam, "rtcnorm", mode), find(rows, fam, "liger", mode)
+            if mine and peer and mine["status"] == peer["status"] == "ok":
+                gap = mine["step_ms"] / peer["step_ms"] - 1
+                verdict = "met" if gap <= 0 else f"missed: rtcnorm.patch is {gap * 100:.1f}% slower"
+                target.append(f"- {fam} {mode}: {mine['step_ms']:.1f} ms against {peer['step_ms']:.1f} ms, {verdict}")
+    if target:
+        lines += ["", "Target, a step at least as fast with rtcnorm.patch as with Liger's norms:", *target]
     summaries = []
     for r in rows:
         p = r.get("patch")

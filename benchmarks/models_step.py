@@ -140,7 +140,7 @@ def apply_impl(model, family: str, impl: str) -> dict:
         version = dist_version("liger-kernel")
     if family == "gpt2":
         n = _liger_layer_norms(model)
-        return dict(liger=version, note=f"no apply_liger_kernel_to_gpt2: {n} nn.LayerNorm -> LigerLayerNorm by hand")
+        return dict(liger=version, note=f"no apply_liger_kernel_to_gpt2: {n} LayerNorm by hand")
     fn = getattr(lt, LIGER_PATCHES[family], None)
     if fn is None:
         raise Skip(f"Liger {version} has no {LIGER_PATCHES[family]}")
@@ -152,7 +152,7 @@ def apply_impl(model, family: str, impl: str) -> dict:
     }
     fn(model=model, rms_norm=True, **off)
     swapped = sum(1 for m in model.modules() if m._get_name().startswith("Liger"))
-    return dict(liger=version, note=f"{fn.__name__}(rms_norm=True, model=...): {swapped} norms")
+    return dict(liger=version, note=f"{fn.__name__}: {swapped} norms")
 
 
 def _timed_step(step, cuda: bool) -> tuple[float, float]:

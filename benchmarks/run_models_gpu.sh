@@ -9,7 +9,7 @@
 # and under OUT/parts/ each family's JSON (rewritten after every variant), its
 # log and one profile per variant. Liger is used when importable (PYTHONPATH);
 # otherwise its rows say why they were skipped. With fewer than four GPUs the
-# families share them in turn. About BUDGET + 30 seconds of wall time.
+# families share them in turn. At most about BUDGET + 60 seconds of wall time.
 # MODELS_ARGS adds arguments to every bench_models.py run: NGPU=4
 # MODELS_ARGS="--smoke --device cpu --backend aot_eager" is a CPU dry run.
 set -uo pipefail
@@ -39,7 +39,7 @@ pids=()
 for i in "${!families[@]}"; do
   fam=${families[$i]}
   # A runner ends its workers on SIGTERM; the outer timeout is a safety net only.
-  CUDA_VISIBLE_DEVICES=$((i % ngpu)) timeout -k 10 $((budget + 30)) \
+  CUDA_VISIBLE_DEVICES=$((i % ngpu)) timeout -k 10 $((budget + 45)) \
     python3 "$here/bench_models.py" --family "$fam" --out-dir "$out/parts" --budget "$budget" --profile ${MODELS_ARGS:-} \
     >"$out/parts/$fam.log" 2>&1 &
   pids+=($!)
