@@ -1,323 +1,314 @@
 """One training step of Hugging Face decoder models with each norm implementation.
 
-    python benchmarks/bench_models.py --out benchmarks/results/models_h100
-    python benchmarks/bench_models.py --tiny --device cpu --modes eager --out /tmp/models   # smoke test
+    python benchmarks/bench_models.py --family qwen3 --out-dir OUT/parts --profile   # one GPU
+    python benchmarks/bench_models.py --merge OUT/parts --out OUT/models             # table + plot
+    python benchmarks/bench_models.py --smoke --family gpt2 --out-dir /tmp/m         # CPU smoke test
+    benchmarks/run_models_gpu.sh OUT        # four families on four GPUs at once, then the merge
 
 Models are built from transformers' config classes with random weights (nothing
 is downloaded): Qwen3, Llama, Gemma3 (text) and GPT-2, hidden 2048, 4 layers,
 16 heads of 128 (8 KV heads), MLP 8192, vocabulary 32000, sequence 2048, batch 4,
-bf16, SDPA attention. A step is forward with the LM loss, backward and an AdamW
-step. Norms:
+bf16, SDPA attention, no KV cache (``--smoke``: hidden 64, 1 layer, sequence 16).
+A step is forward with the LM loss, backward and an AdamW step. Implementations:
 
 - ``torch``: the model as transformers builds it;
-- ``rtcnorm``: after ``rtcnorm.patch(model)``;
+- ``rtcnorm``: after ``rtcnorm.patch(model)`` (the row keeps its summary);
 - ``liger``: after Liger's ``apply_liger_kernel_to_<family>(model=..., rms_norm=True)``
-  with every other Liger option off (skipped, with the reason, where Liger is
-  missing or has no patch for the family).
+  with every other switch off; GPT-2, which Liger has no patch for, gets its
+  ``nn.LayerNorm`` swapped for ``LigerLayerNorm`` by hand. Skipped, with the
+  reason, where Liger is missing.
 
-Each runs eager, and with ``torch.compile`` applied to every decoder layer (the
-layers share one compiled graph; embeddings, LM head and loss stay eager). Step
-time is the median of ``--steps`` steps after ``--warmup`` steps, timed with CUDA
-events (perf_counter on the CPU); peak memory is ``max_memory_allocated``. Each
-model runs in its own process, because Liger patches transformers' classes for
-the whole process: a failure or a crash costs only that model's remaining
-configurations, and is written into the table. Writes ``<out>.json``,
-``<out>.md`` and ``<out>.png``.
+Each runs eager, and with ``torch.compile`` on every decoder layer (one shared
+graph; embeddings, LM head and loss stay eager). Step time is the median of
+``--steps`` steps after ``--warmup`` (the first compiles rtcnorm's kernels, Triton's
+and torch.compile's graphs; its seconds are kept as ``first_step_s``), timed with
+CUDA events; ``host_ms`` is how long the host took to queue a step. Peak memory is
+``max_memory_allocated`` over the timed steps.
+
+Budget: each family gets ``--budget`` seconds. Variants run eager first, then
+compiled, in worker processes (a fresh one after Liger, which patches
+transformers' classes for the whole process). Each variant gets a share of the
+time left; one that overruns it is killed and recorded as skipped with the
+reason, one that fails records its error, and the rest go on. ``<family>.json``
+is rewritten after every variant, so a killed run still leaves its rows.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
-import statistics
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from types import SimpleNamespace
 
-FAMILIES = ("qwen3", "llama", "gemma3", "gpt2")
-NORMS = ("torch", "rtcnorm", "liger")
-MODES = ("eager", "compile")
-FULL = dict(hidden=2048, layers=4, heads=16, kv_heads=8, head_dim=128, mlp=8192, vocab=32000, seq=2048, batch=4)
-TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=128, vocab=256, seq=32, batch=2)
-LIGER_PATCHES = {
-    "llama": ("apply_liger_kernel_to_llama",),
-    "qwen3": ("apply_liger_kernel_to_qwen3",),
-    "gemma3": ("apply_liger_kernel_to_gemma3_text", "apply_liger_kernel_to_gemma3"),
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models_step import FAMILIES, FULL, IMPLS, MODES, SMOKE  # noqa: E402
 
-
-def build_model(family: str, s: dict):
-    import transformers as tf
-
-    common = dict(vocab_size=s["vocab"], num_hidden_layers=s["layers"], max_position_embeddings=s["seq"])
-    decoder = dict(
-        common,
-        hidden_size=s["hidden"],
-        intermediate_size=s["mlp"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv_heads"],
-        head_dim=s["head_dim"],
-    )
-    if family == "llama":
-        cfg, cls = tf.LlamaConfig(**decoder), tf.LlamaForCausalLM
-    elif family == "qwen3":
-        cfg, cls = tf.Qwen3Config(**decoder), tf.Qwen3ForCausalLM
-    elif family == "gemma3":
-        cfg, cls = tf.Gemma3TextConfig(**decoder), tf.Gemma3ForCausalLM
-    elif family == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=s["vocab"], n_positions=s["seq"], n_embd=s["hidden"], n_layer=s["layers"])
-        cfg.n_head, cfg.n_inner = s["heads"], s["mlp"]
-        cls = tf.GPT2LMHeadModel
-    else:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    cfg._attn_implementation = "sdpa"
-    return cls(cfg)
+# Share of the time left that a variant may use, by mode, and the least time
+# worth starting one with (seconds; a cold torch.compile of one layer takes tens).
+WEIGHT = dict(eager=1.0, compile=3.0)
+FLOOR = dict(eager=60.0, compile=90.0)
+STARTUP_S = 60.0  # a worker must import torch and transformers within this
+MIN_START_S = 30.0  # a variant is not started with less time than this left
 
 
-def decoder_layers(model):
-    for path in ("model.layers", "transformer.h"):
-        obj = model
+def write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+# -- worker: runs the variants its parent sends on stdin, one JSON row per line on stdout --
+
+
+def worker(a) -> None:
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # library prints go to the log, not into the protocol
+    sys.stdout = sys.stderr
+    import transformers
+    from models_step import Skip, release_memory, run_variant
+
+    transformers.logging.set_verbosity_error()
+    s = SMOKE if a.smoke else FULL
+    proto.write("READY\n")
+    for line in sys.stdin:
+        job = json.loads(line)
+        row = dict(family=a.worker, impl=job["impl"], mode=job["mode"])
+        o = SimpleNamespace(**vars(a), deadline=time.perf_counter() + job["cap_s"] - 10)
         try:
-            for name in path.split("."):
-                obj = getattr(obj, name)
-        except AttributeError:
-            continue
-        return list(obj)
-    raise RuntimeError(f"no decoder layers found in {type(model).__name__}")
+            fields, text = run_variant(a.worker, job["impl"], job["mode"], s, o)
+            row.update(fields, status="ok")
+            if text is not None:
+                name = f"profile_{a.worker}_{job['impl']}_{job['mode']}.txt"
+                with open(os.path.join(a.out_dir, name), "w") as f:
+                    f.write(text)
+                row["profile_file"] = name
+        except Skip as e:
+            row.update(status="skipped", reason=str(e))
+        except Exception as e:  # a failed variant is a table cell, not the end of the run
+            row.update(status="failed", reason=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+            traceback.print_exc()
+        release_memory()
+        proto.write("ROW " + json.dumps(row) + "\n")
 
 
-def apply_norm(model, family: str, norm: str) -> str:
-    """Swaps the norms in place; returns a short note for the table."""
-    if norm == "torch":
-        return ""
-    if norm == "rtcnorm":
-        import rtcnorm
-
-        patch = getattr(rtcnorm, "patch", None)
-        if patch is None:
-            raise RuntimeError("this rtcnorm has no rtcnorm.patch")
-        summary = patch(model)
-        return str(summary).splitlines()[0][:120] if summary is not None else ""
-    names = LIGER_PATCHES.get(family)
-    if names is None:
-        raise LookupError(f"Liger has no norm patch for {family}")
-    try:
-        import liger_kernel.transformers as lt
-    except ImportError as e:
-        raise LookupError(f"Liger is not importable: {e}") from None
-    fn = next((getattr(lt, n) for n in names if hasattr(lt, n)), None)
-    if fn is None:
-        raise LookupError(f"this Liger has none of {names}")
-    # Every switch off but the norm.
-    kw = {
-        p.name: False
-        for p in inspect.signature(fn).parameters.values()
-        if isinstance(p.default, bool) and p.name != "rms_norm"
-    }
-    fn(model=model, rms_norm=True, **kw)
-    return f"{fn.__name__}(rms_norm=True, model=...)"
+# -- family runner: starts workers, gives each variant its time, keeps the JSON current --
 
 
-def run_config(family: str, norm: str, mode: str, s: dict, a) -> dict:
-    import torch
+class Worker:
+    def __init__(self, family: str, a):
+        self.proc = subprocess.Popen(
+            self.argv(family, a), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        LIVE.add(self)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ready = False
 
-    device = torch.device(a.device)
-    dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
-    torch.manual_seed(0)
-    model = build_model(family, s).to(device=device, dtype=dtype)
-    note = apply_norm(model, family, norm)
-    if mode == "compile":
-        for layer in decoder_layers(model):
-            layer.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    ids = torch.randint(0, s["vocab"], (s["batch"], s["seq"]), device=device)
-    cuda = device.type == "cuda"
+    @staticmethod
+    def argv(family: str, a) -> list[str]:
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", family, "--out-dir", a.out_dir]
+        argv += ["--device", a.device, "--dtype", a.dtype, "--backend", a.backend]
+        argv += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
+        return argv + ["--smoke"] * a.smoke + ["--profile"] * a.profile
 
-    def step():
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
 
-    t0 = time.perf_counter()
-    for _ in range(a.warmup):
-        loss = step()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    warm_s = time.perf_counter() - t0
-    times = []
-    for _ in range(a.steps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            loss = step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            loss = step()
-            times.append((time.perf_counter() - t) * 1e3)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-    return dict(step_ms=statistics.median(times), peak_gib=peak, warmup_s=warm_s, loss=float(loss), note=note)
-
-
-def child(family: str, a) -> None:
-    """Runs every configuration of one family; prints one JSON row per line."""
-    s = TINY if a.tiny else FULL
-    for norm in a.norms:
-        for mode in a.modes:
-            row = dict(model=family, norm=norm, mode=mode)
+    def expect(self, prefix: str, until: float):
+        """The next protocol line starting with ``prefix``; None at EOF, TimeoutError past ``until``."""
+        while True:
             try:
-                row.update(run_config(family, norm, mode, s, a), status="ok")
-            except LookupError as e:
-                row.update(status="skipped", error=str(e))
-            except Exception as e:  # one configuration's failure is a table cell, not the end of the run
-                row.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                traceback.print_exc(file=sys.stderr)
-            print("ROW " + json.dumps(row), flush=True)
-            took = f"{row['step_ms']:.1f} ms a step" if row["status"] == "ok" else row["error"]
-            print(f"{family} {norm} {mode}: {row['status']}, {took}", file=sys.stderr, flush=True)
-            import torch
+                line = self.lines.get(timeout=max(until - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise TimeoutError from None
+            if line is None or line.startswith(prefix):
+                return line
 
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+    def run(self, impl: str, mode: str, cap: float) -> dict:
+        until = time.monotonic() + cap
+        if not self.ready:
+            self.ready = self.expect("READY", min(until, time.monotonic() + STARTUP_S)) is not None
+            if not self.ready:
+                raise EOFError("worker exited while starting")
+        try:
+            self.proc.stdin.write(json.dumps(dict(impl=impl, mode=mode, cap_s=until - time.monotonic())) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise EOFError(f"worker exited with {self.proc.wait()}") from None
+        line = self.expect("ROW ", until)
+        if line is None:
+            raise EOFError(f"worker exited with {self.proc.wait()}")
+        return json.loads(line[4:])
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # with torch.compile's worker pool
+        except ProcessLookupError:
+            pass
+
+    def close(self, kill: bool = False):
+        if kill:
+            self.kill()
+        else:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait()
+        LIVE.discard(self)
 
 
-def run_family(family: str, a) -> list[dict]:
-    argv = [sys.executable, os.path.abspath(__file__), "--child", family, "--device", a.device, "--dtype", a.dtype]
-    argv += ["--norms", *a.norms, "--modes", *a.modes, "--warmup", str(a.warmup), "--steps", str(a.steps)]
-    argv += ["--tiny"] if a.tiny else []
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout)
-    rows = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-    done = {(r["norm"], r["mode"]) for r in rows}
-    lost = f"process exited {proc.returncode}: {(proc.stderr.strip().splitlines() or ['no output'])[-1][:200]}"
-    for norm in a.norms:
-        for mode in a.modes:
-            if (norm, mode) not in done:
-                rows.append(dict(model=family, norm=norm, mode=mode, status="failed", error=lost))
-    if proc.returncode != 0 or any(r["status"] == "failed" for r in rows):
-        sys.stderr.write(f"--- {family} stderr (tail) ---\n{proc.stderr[-3000:]}\n")
+LIVE: set[Worker] = set()
+
+
+def _on_term(signum, frame):
+    # Workers run in sessions of their own: end them with the runner, so that an
+    # outer timeout leaves no process on the GPU.
+    for w in list(LIVE):
+        w.kill()
+    sys.exit(128 + signum)
+
+
+def variant_cap(left: float, todo: list[tuple[str, str]]) -> float:
+    """Seconds for the first of ``todo``: its weighted share of ``left``, at least its floor."""
+    mode = todo[0][1]
+    share = left * WEIGHT[mode] / sum(WEIGHT[m] for _, m in todo)
+    return min(left, max(share, FLOOR[mode]))
+
+
+def run_family(family: str, a, meta: dict) -> list[dict]:
+    path = os.path.join(a.out_dir, f"{family}.json")
+    todo = [(impl, mode) for mode in a.modes for impl in a.impls]
+    rows: list[dict] = []
+    fam_meta = dict(
+        meta, family=family, budget_s=a.budget, started=time.strftime("%Y-%m-%dT%H:%M:%S"), variants=todo[:]
+    )
+    write_json(path, dict(meta=fam_meta, rows=rows))
+    start = time.monotonic()
+    w = None
+    while todo:
+        impl, mode = todo[0]
+        left = a.budget - (time.monotonic() - start)
+        cap = variant_cap(left, todo)
+        t0 = time.monotonic()
+        fam_meta["running"] = dict(impl=impl, mode=mode, cap_s=round(cap, 1))
+        write_json(path, dict(meta=fam_meta, rows=rows))
+        if cap < min(FLOOR[mode], MIN_START_S):
+            row = dict(
+                status="skipped", reason=f"budget: {left:.0f} s of {a.budget:.0f} s left for {len(todo)} variants"
+            )
+        else:
+            w = w or Worker(family, a)
+            try:
+                row = w.run(impl, mode, cap)
+            except TimeoutError:
+                w.close(kill=True)
+                w = None
+                phase = "torch.compile and " if mode == "compile" else ""
+                row = dict(status="skipped", reason=f"budget: {phase}steps did not finish within {cap:.0f} s; killed")
+            except EOFError as e:
+                w.close(kill=True)
+                w = None
+                row = dict(status="failed", reason=f"worker process died: {e}")
+        row = dict(dict(family=family, impl=impl, mode=mode), **row, wall_s=round(time.monotonic() - t0, 1))
+        rows.append(row)
+        todo.pop(0)
+        # Liger may have patched transformers' classes in that process; a failure
+        # may have left its CUDA context unusable: the next variant gets a fresh one.
+        fresh = row["status"] == "failed" or (impl == "liger" and row["status"] != "skipped")
+        if w is not None and fresh and todo:
+            w.close()
+            w = None
+        fam_meta.pop("running")
+        fam_meta["wall_s"] = round(time.monotonic() - start, 1)
+        write_json(path, dict(meta=fam_meta, rows=rows))
+        done = f"{row['step_ms']:.1f} ms a step" if row["status"] == "ok" else row["reason"]
+        print(f"{family} {impl} {mode}: {row['status']} in {row['wall_s']:.0f} s, {done}", file=sys.stderr, flush=True)
+    if w is not None:
+        w.close()
     return rows
 
 
-def markdown(rows: list[dict], meta: dict) -> str:
-    cols = [(n, m) for m in MODES for n in NORMS if any(r["norm"] == n and r["mode"] == m for r in rows)]
-    head = ["model"] + [f"{n} {m}" for n, m in cols]
-    lines = [
-        f"**One training step (fwd + bwd + AdamW), {meta['dtype']}, {meta['gpu']}**: "
-        f"median ms of {meta['steps']} steps (peak GiB)",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    notes, patched = [], []
-    for fam in dict.fromkeys(r["model"] for r in rows):
-        cells = [fam]
-        for n, m in cols:
-            r = next((r for r in rows if r["model"] == fam and r["norm"] == n and r["mode"] == m), None)
-            if r is None:
-                cells.append("")
-            elif r["status"] == "ok":
-                mem = f" ({r['peak_gib']:.1f})" if r.get("peak_gib") is not None else ""
-                cells.append(f"{r['step_ms']:.1f}{mem}")
-                line = f"- {fam}, {n}: {r['note']}"
-                if r.get("note") and line not in patched:  # once per model and norm, whatever the mode
-                    patched.append(line)
-            else:
-                notes.append(f"- {fam}, {n} {m}: {r['status']}: {r['error']}")
-                cells.append(f"{r['status']} [{len(notes)}]")
-        lines.append("| " + " | ".join(cells) + " |")
-    if patched:
-        lines += ["", "What each patch swapped:", *patched]
-    if notes:
-        lines += ["", *notes]
-    return "\n".join(lines) + "\n"
+def run_meta(a) -> dict:
+    import torch
+    import transformers
+
+    meta = dict(device=a.device, dtype=a.dtype, backend=a.backend, steps=a.steps, warmup=a.warmup)
+    meta.update(torch=torch.__version__, transformers=transformers.__version__, shape=SMOKE if a.smoke else FULL)
+    meta["gpu"] = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "CPU"
+    try:
+        import rtcnorm
+
+        meta["rtcnorm"] = getattr(rtcnorm, "__version__", "?")
+    except ImportError as e:
+        meta["rtcnorm"] = f"not importable: {e}"
+    return meta
 
 
-def bar_chart(rows: list[dict], meta: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fams = list(dict.fromkeys(r["model"] for r in rows))
-    cols = [(n, m) for m in MODES for n in NORMS if any(r["norm"] == n and r["mode"] == m for r in rows)]
-    colors = {"torch": "tab:gray", "rtcnorm": "tab:blue", "liger": "tab:green"}
-    width = 0.8 / max(len(cols), 1)
-    fig, ax = plt.subplots(figsize=(8.4, 4.2), dpi=100)
-    for i, (n, m) in enumerate(cols):
-        xs, ys = [], []
-        for j, fam in enumerate(fams):
-            r = next((r for r in rows if r["model"] == fam and r["norm"] == n and r["mode"] == m), None)
-            if r and r["status"] == "ok":
-                xs.append(j + (i - (len(cols) - 1) / 2) * width)
-                ys.append(r["step_ms"])
-        hatch = "//" if m == "compile" else None
-        ax.bar(xs, ys, width, color=colors[n], hatch=hatch, edgecolor="white", label=f"{n} {m}")
-    ax.set_xticks(range(len(fams)), fams)
-    ax.set_ylabel("ms per training step (lower is better)")
-    ax.set_title(f"One training step, {meta['dtype']}, {meta['gpu']}", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def main() -> None:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=None, help="path prefix of the .json/.md/.png results")
-    p.add_argument("--models", nargs="+", choices=FAMILIES, default=list(FAMILIES))
-    p.add_argument("--norms", nargs="+", choices=NORMS, default=list(NORMS))
+    p.add_argument("--family", nargs="+", choices=FAMILIES, default=None, help="families run one after another")
+    p.add_argument("--out-dir", default=None, help="folder for <family>.json and the profile files")
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--tiny", action="store_true", help="tiny models (hidden 64, 2 layers, sequence 32): a smoke test")
+    p.add_argument("--budget", type=float, default=None, help="seconds per family (default 270; --smoke: 300)")
+    p.add_argument("--smoke", action="store_true", help="tiny models (hidden 64, 1 layer, sequence 16)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="default: bf16 on CUDA, fp32 on the CPU")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; --tiny: 1)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; --tiny: 2)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds allowed to one model's process")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    a = p.parse_args()
-    a.warmup = a.warmup if a.warmup is not None else (1 if a.tiny else 3)
-    a.steps = a.steps if a.steps is not None else (2 if a.tiny else 10)
-    if a.child:
-        child(a.child, a)
+    p.add_argument("--backend", default="inductor", help="torch.compile backend of the compile mode")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps, the first included (default 3; --smoke 1)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; --smoke 2)")
+    p.add_argument("--profile", action="store_true", help="profile one more step of each variant (torch.profiler)")
+    p.add_argument("--merge", default=None, metavar="DIR", help="merge DIR/<family>.json into --out .json/.md/.png")
+    p.add_argument("--out", default=None, help="path prefix of the merged results (with --merge)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.smoke else 3)
+    a.steps = a.steps if a.steps is not None else (2 if a.smoke else 10)
+    a.budget = a.budget if a.budget is not None else (300.0 if a.smoke else 270.0)
+    if a.warmup < 1 or a.steps < 1:
+        p.error(f"--warmup and --steps must be at least 1, got {a.warmup} and {a.steps}")
+    if a.merge:
+        if not a.out:
+            p.error("--merge needs --out (a path prefix)")
+        return a
+    if not a.worker and not (a.family and a.out_dir):
+        p.error("give --family and --out-dir (or --merge DIR --out PREFIX)")
+    if not a.device:
+        import torch
+
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    a.dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
+    return a
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    if a.merge:
+        import models_report
+
+        print(models_report.merge(a.merge, a.out))
         return
-    import torch
-
-    a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    a.dtype = a.dtype or ("bf16" if a.device == "cuda" else "fp32")
-    if not a.out:
-        p.error("--out is required")
-    gpu = torch.cuda.get_device_name() if a.device == "cuda" else "CPU"
-    meta = dict(gpu=gpu, dtype=a.dtype, steps=a.steps, warmup=a.warmup, torch=torch.__version__)
-    meta.update(shape=TINY if a.tiny else FULL, date=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    try:
-        import transformers
-
-        meta["transformers"] = transformers.__version__
-    except ImportError:
-        p.error("bench_models.py needs transformers (pip install transformers)")
-    t0 = time.perf_counter()
-    rows = []
-    for fam in a.models:
-        rows += run_family(fam, a)
-        print(f"{fam}: done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    meta["wall_s"] = time.perf_counter() - t0
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out + ".json", "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    table = markdown(rows, meta)
-    with open(a.out + ".md", "w") as f:
-        f.write(table)
-    bar_chart(rows, meta, a.out + ".png")
-    print(table)
+    if a.worker:
+        worker(a)
+        return
+    os.makedirs(a.out_dir, exist_ok=True)
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    meta = run_meta(a)
+    for family in a.family:
+        run_family(family, a, meta)
 
 
 if __name__ == "__main__":
