@@ -27,7 +27,6 @@ from norm_checks import (
     variant_applies,
 )
 from reference import assert_close
-from rtcnorm import _tuning
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
@@ -226,122 +225,6 @@ def test_gpu_large_mean(gpu_kernels, poison, dtype, n, mode):
     # ulps (any fp32 algorithm, the reference's float64 aside); the outputs
     # keep the usual 16-bit tolerance.
     check_layer_norm(x, [n], w, b, mode=mode, poison=poison, stat_scale=10.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("two_pass", [1, 2], ids=["merged", "two_pass"])
-@pytest.mark.parametrize("mode", [None, "static_persistent"], ids=lambda m: m or "auto")
-@pytest.mark.parametrize(
-    ("n", "dtype"),
-    [(128, torch.bfloat16), (320, torch.float16), (1000, torch.bfloat16), (4097, torch.float32),
-     (8192, torch.bfloat16), (7, torch.float16)],
-)  # fmt: skip
-def test_gpu_cached_row_statistics_both_ways(poison, n, dtype, mode, two_pass):
-    """Register-cached rows with the statistics in two passes (the rule) and
-    merged in one (fwd_two_pass=1): 4 to 128 threads a row (CTA barriers at
-    8192), uneven vector splits (320, 1000), scalar rows (4097, 7), a partly
-    filled last CTA, contiguous and row-strided. 16-bit rows sit around a mean
-    of 1000 (float32 outputs would see the fp32 rounding of that mean), and
-    every fifth repeats one value: rstd is then 1 / sqrt(eps), so any error in
-    the mean shows in the output."""
-    m = 2 * torch.cuda.get_device_properties(0).multi_processor_count * 8 + 37
-    with _tuning.override(fwd_two_pass=two_pass):
-        plan = rtcnorm.explain("layer_norm", (m, n), dtype, mode=mode)
-        assert plan["cached_row"] and ("two passes" in plan["reason"]) == (two_pass == 2), plan
-        for rows in (m, 2 * m):
-            sixteen_bit = dtype != torch.float32
-            x, w, b, _ = ln_inputs((rows, n), [n], dtype, "cuda", "weight_bias", shift=1000.0 if sixteen_bit else 0.0)
-            if sixteen_bit:  # fp32 sums of these values are exact: x - mean must be exactly 0
-                x[::5] = x[::5, :1].clone()
-            x = x[::2] if rows > m else x
-            check_layer_norm(x, [n], w, b, mode=mode, poison=poison, stat_scale=10.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("n", "dtype", "cluster", "mode", "layout"),
-    [(131072, torch.bfloat16, 0, None, "cluster of 8"), (131072, torch.float16, 16, None, "cluster of 16"),
-     (24576, torch.bfloat16, 8, None, "cluster of 8"), (65536, torch.float16, 0, None, "shared memory"),
-     (262144, torch.bfloat16, 0, "multi_wave_reload", "streamed"), (5120, torch.bfloat16, 0, None, "merged")],
-)  # fmt: skip
-def test_gpu_equal_count_merges_keep_exact_means(poison, n, dtype, cluster, mode, layout):
-    """Rows whose statistics merge (count, mean, M2) triples across lanes, warps
-    and cluster CTAs, every thread holding the same count: each merge of
-    cluster slices (the rule's 8, forced 16 and 8), a row in shared memory and
-    streamed chunks joins equal counts and divides by nothing (MeanM2Eq); a
-    register row of a many-row grid merges with the general formula rather
-    than taking two passes. Rows sit around a mean of 1000 and every fifth
-    repeats one value: rstd is then 1 / sqrt(eps), so any error in the mean
-    shows in the output."""
-    clustered = layout.startswith("cluster")
-    if clustered and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("thread-block clusters need sm_90+")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # (Rows in shared memory need more than 8 an SM: fewer split across a cluster.)
-    m = {"merged": 64 * sms + 37, "shared memory": 8 * sms + 37}.get(layout, 37)
-    with _tuning.override(fwd_cluster=cluster):
-        plan = rtcnorm.explain("layer_norm", (m, n), dtype, mode=mode)
-        assert "two passes" not in plan["reason"], plan
-        if clustered:
-            assert plan["column_slices"] == (cluster or 8) or torch.cuda.get_device_capability() != (9, 0), plan
-        else:
-            assert plan["column_slices"] == 1 and plan["cached_row"] == (layout != "streamed"), plan
-            assert (plan["smem"] > 0) == (layout == "shared memory"), plan
-        x, w, b, _ = ln_inputs((m, n), [n], dtype, "cuda", "weight_bias", shift=1000.0)
-        x[::5] = x[::5, :1].clone()  # fp32 sums of these values are exact: x - mean must be exactly 0
-        check_layer_norm(x, [n], w, b, mode=mode, poison=poison, stat_scale=10.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "auto")
-@pytest.mark.parametrize(
-    ("n", "dtype", "variant"),
-    [(128, torch.bfloat16, "weight_bias"), (1000, torch.float16, "mixed"), (4096, torch.bfloat16, "zero_centered"),
-     (4097, torch.float32, "bias"), (32768, torch.bfloat16, "weight_bias"), (65536, torch.bfloat16, "weight_bias"),
-     (65536, torch.float32, "no_affine")],
-)  # fmt: skip
-def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
-    """Forward loads through L1 (kL1Allocate, which the rule takes for inputs of
-    40 MB or more) forced on small inputs: every mode, narrow, register,
-    shared-memory (bf16 N = 65536), streamed and cluster rows, contiguous and
-    row-strided."""
-    m = 301
-    with _tuning.override(fwd_l1_alloc=2):
-        plan = rtcnorm.explain("layer_norm", (m, n), dtype, mode=mode)
-        assert "read through L1" in plan["reason"], plan
-        for rows in (m, 2 * m):
-            x, w, b, zcg = ln_inputs((rows, n), [n], dtype, "cuda", variant)
-            check_layer_norm(x[::2] if rows > m else x, [n], w, b, mode=mode, zero_centered_gamma=zcg, poison=poison)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["weight_bias", "weight", "bias", "zero_centered"])
-@pytest.mark.parametrize(
-    ("m", "n", "dtype"),
-    [(32768, 256, torch.bfloat16), (65536, 128, torch.float16), (65539, 128, torch.bfloat16),
-     (131072, 256, torch.bfloat16)],
-)  # fmt: skip
-def test_gpu_dense_narrow_rows(poison, m, n, dtype, variant):
-    """Narrow LayerNorm rows on the dense plan (five 256-thread CTAs an SM, two
-    vectors a thread, gamma and beta loaded beside x; 65539 rows leave the last
-    CTA partly empty), around a mean of 1000: forward and backward against the
-    reference, contiguous and row-strided, and y within rounding of the plan
-    the rule replaced."""
-    major, minor = torch.cuda.get_device_capability()
-    if major * 10 + minor > 90:
-        pytest.skip("the dense narrow rule is sm_80-sm_90 only")
-    kw = {"bias": variant != "weight", "elementwise_affine": variant != "bias"}
-    plan = rtcnorm.explain("layer_norm", (m, n), dtype, **kw)
-    assert plan["kernel"].endswith(", 5>") and plan["vecs_per_thread"] == 2, plan
-    for stride in (1, 2):
-        x, w, b, zcg = ln_inputs((stride * m, n), [n], dtype, "cuda", variant, shift=1000.0)
-        x = x[::stride]
-        check_layer_norm(x, [n], w, b, zero_centered_gamma=zcg, poison=poison, stat_scale=10.0)
-        y = rtcnorm.layer_norm(x, [n], w, b, zero_centered_gamma=zcg)
-        with _tuning.override(fwd_dense_narrow=1):
-            old = rtcnorm.layer_norm(x, [n], w, b, zero_centered_gamma=zcg)
-        # Two-element rounding of the output: the row sums meet in another order.
-        torch.testing.assert_close(y.float(), old.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-2)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,6 @@ import re
 import pytest
 import rtcnorm
 import torch
-from rtcnorm import _tuning
 
 ARCHS = ("sm_80", "sm_90", "sm_100")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -225,49 +224,6 @@ def test_sixteen_cta_column_clusters_compile_on_sm_90(op):
     assert not any(k["flags"] & GRAD_DH for k in sixteen)
     fwd = [k for k in kernels if k["kernel"] == f"{op}_fwd" and k["flags"] & CACHED_ROW]
     assert fwd and not any(k["flags"] & CLUSTER16 for k in fwd)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("op", OPS)
-def test_every_plan_class_compiles_on_every_arch(op):
-    for n, (expected, arch) in PLAN_CLASS_N.items():
-        kernels = compile_variants(op, [n], [torch.float32], PLAN_CLASS_MODES, arch)
-        check_flag_coverage(op, kernels, [torch.float32])
-        assert {k["n"] for k in kernels} == {n}
-        fwd = [k for k in kernels if k["kernel"].endswith("_fwd")]
-        on_chip = CACHED_ROW | SMEM_ROW
-        classes = {plan_class(k) for k in fwd if k["flags"] & on_chip or expected == "streamed"}
-        # Precompile also plans one row, which takes the few-rows rule (2 vectors
-        # a thread): a warp's 1000-element row then spreads over several warps.
-        extra = {"smem": {"1024-thread"}, "warp": {"multi-warp"}}.get(expected, set())
-        assert classes == {expected} | extra, n
-        if expected == "cluster":
-            bwd = [k for k in kernels if k["kernel"] == f"{op}_bwd"]
-            # LayerNorm's 16384-element float32 slices (N = 131072) are too long
-            # for one CTA's backward: the split design runs there instead.
-            if n == 65536 or op == "rms_norm":
-                assert bwd and all((k["flags"] >> CLUSTER_SHIFT) & 3 == 3 for k in bwd), "8-CTA cluster backward"
-            assert all(k["n"] // k["vec"] // 8 <= k["tpr"] * k["nv"] for k in fwd + bwd if k["flags"] & on_chip)
-        if expected == "narrow":
-            assert any(k["flags"] & KEEP_GAMMA for k in fwd), "persistent narrow rows keep gamma in registers"
-        if expected == "streamed":
-            assert {k["kernel"] for k in kernels} >= {f"{op}_bwd_coef", f"{op}_bwd_cols"}
-            # The persistent re-reading backward, kept as a tuning alternative.
-            with _tuning.override(bwd_split=1):
-                reload = compile_variants(op, [n], [torch.float32], [None], arch)
-            assert any(k["kernel"] == f"{op}_bwd" and not k["flags"] & CACHED_ROW for k in reload)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("op", OPS)
-def test_long_rows_stay_in_registers_when_shared_memory_is_turned_off(op):
-    """The 1024-thread register-cached class: a 128 KB float32 row with the
-    shared-memory row cache turned off."""
-    with _tuning.override(fwd_smem_row_bytes=1 << 30):
-        kernels = compile_variants(op, [32768], [torch.float32], [None, "static_persistent"], "sm_90")
-    fwd = [k for k in kernels if k["kernel"].endswith("_fwd")]
-    assert {plan_class(k) for k in fwd} == {"1024-thread"}
-    assert all(k["flags"] & CACHED_ROW and not k["flags"] & SMEM_ROW for k in fwd)
 
 
 # sm_80 on every run: precompile's flag coverage (every weight, zero-centred,

@@ -25,7 +25,6 @@ from norm_checks import (
     variant_applies,
 )
 from reference import assert_close
-from rtcnorm import _tuning
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
@@ -206,57 +205,6 @@ def test_bad_mode_lists_the_valid_modes():
 def test_gpu_matches_reference(gpu_kernels, poison, dtype, variant, n, mode):
     x, w, zcg, r = rms_inputs((gpu_rows(n), n), [n], dtype, "cuda", variant)
     check_rms_norm(x, [n], w, zero_centered_gamma=zcg, residual=r, mode=mode, poison=poison)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "auto")
-@pytest.mark.parametrize(
-    ("n", "dtype", "variant"),
-    [(128, torch.bfloat16, "weight"), (1000, torch.float16, "residual"), (4096, torch.bfloat16, "zero_centered"),
-     (4097, torch.float16, "mixed"), (32768, torch.bfloat16, "residual"), (65536, torch.float32, "no_weight")],
-)  # fmt: skip
-def test_gpu_forward_reads_through_l1(poison, n, dtype, variant, mode):
-    """Forward loads through L1 (kL1Allocate, which the rule takes for inputs of
-    40 MB or more) forced on small inputs: every mode, narrow, register,
-    shared-memory, streamed and cluster rows, beside a residual, contiguous and
-    row-strided."""
-    m = 301
-    with _tuning.override(fwd_l1_alloc=2):
-        plan = rtcnorm.explain("rms_norm", (m, n), dtype, mode=mode, residual=variant == "residual")
-        assert "read through L1" in plan["reason"], plan
-        for rows in (m, 2 * m):
-            x, w, zcg, r = rms_inputs((rows, n), [n], dtype, "cuda", variant)
-            if rows > m:
-                x, r = x[::2], None if r is None else r[1::2]
-            check_rms_norm(x, [n], w, zero_centered_gamma=zcg, residual=r, mode=mode, poison=poison)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["weight", "no_weight", "zero_centered"])
-@pytest.mark.parametrize(
-    ("m", "n", "dtype"),
-    [(6144, 128, torch.bfloat16), (32768, 128, torch.bfloat16), (32768, 128, torch.float16),
-     (16384, 256, torch.bfloat16), (32768, 64, torch.bfloat16), (4099, 256, torch.float16)],
-)  # fmt: skip
-def test_gpu_dense_narrow_rows(poison, m, n, dtype, variant):
-    """Narrow RMSNorm rows on the dense plan (eight 256-thread CTAs an SM, two
-    vectors a thread; 4099 rows leave the last CTA partly empty): forward and
-    backward against the reference, contiguous and row-strided, and y within
-    rounding of the plan the rule replaced."""
-    major, minor = torch.cuda.get_device_capability()
-    if major * 10 + minor > 90:
-        pytest.skip("the dense narrow rule is sm_80-sm_90 only")
-    plan = rtcnorm.explain("rms_norm", (m, n), dtype)
-    assert plan["kernel"].endswith(", 8>") and plan["vecs_per_thread"] == 2, plan
-    for stride in (1, 2):
-        x, w, zcg, _ = rms_inputs((stride * m, n), [n], dtype, "cuda", variant)
-        x = x[::stride]
-        check_rms_norm(x, [n], w, zero_centered_gamma=zcg, poison=poison)
-        y = rtcnorm.rms_norm(x, [n], w, zero_centered_gamma=zcg)
-        with _tuning.override(fwd_dense_narrow=1):
-            old = rtcnorm.rms_norm(x, [n], w, zero_centered_gamma=zcg)
-        # Two-element rounding of the output: the row sums meet in another order.
-        torch.testing.assert_close(y.float(), old.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-6)
 
 
 @pytest.mark.gpu
