@@ -8,6 +8,8 @@
 #include <string>
 
 #include "jit/kernel_cache.h"
+#include "ops/norm/kernel_families.h"
+#include "ops/norm/launch_geometry.h"
 #include "ops/norm/tuned_plans.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan_memo.h"

@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include "ops/norm/kernel_families.h"
+#include "ops/norm/launch_geometry.h"
 #include "ops/norm_checks.h"
 #include "ops/norm/plan/planner.h"
 

@@ -6,6 +6,8 @@
 // allocated tensors are.
 #include <algorithm>
 
+#include "ops/norm/kernel_families.h"
+#include "ops/norm/launch_geometry.h"
 #include "ops/norm/plan/planner.h"
 #include "ops/variants.h"
 

@@ -2,8 +2,8 @@
 // to kernel keys (the kernel template's flag word, kernels/common/params.cuh).
 #include <algorithm>
 
+#include "ops/norm/kernel_families.h"
 #include "ops/norm/plan/designs.h"
-#include "ops/norm/plan/families.h"
 
 namespace rtcnorm {
 namespace {

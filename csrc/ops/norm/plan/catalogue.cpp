@@ -5,126 +5,45 @@
 
 namespace rtcnorm {
 
-const char* design_name(FwdDesign d) {
-  switch (d) {
-    case FwdDesign::kRegisterRow:
-      return "register_row";
-    case FwdDesign::kSmemRow:
-      return "smem_row";
-    case FwdDesign::kSlicedRow:
-      return "sliced_row";
-    case FwdDesign::kReloadRow:
-      return "reload_row";
-  }
-  return "?";
-}
+namespace {
 
-const char* design_name(BwdDesign d) {
-  switch (d) {
-    case BwdDesign::kRegisterRow:
-      return "register_row";
-    case BwdDesign::kStagedRow:
-      return "staged_row";
-    case BwdDesign::kSlicedRow:
-      return "sliced_row";
-    case BwdDesign::kSplitRow:
-      return "split_row";
-    case BwdDesign::kColumnGrads:
-      return "column_grads";
-  }
-  return "?";
-}
-
-const char* knob_name(Knob k) {
-  switch (k) {
-    case Knob::kVecsPerThread:
-      return "vecs_per_thread";
-    case Knob::kCtaThreads:
-      return "cta_threads";
-    case Knob::kBlocksPerSm:
-      return "blocks_per_sm";
-    case Knob::kSlices:
-      return "slices";
-    case Knob::kRingStages:
-      return "ring_stages";
-    case Knob::kPersistent:
-      return "persistent";
-    case Knob::kGridExchange:
-      return "grid_exchange";
-  }
-  return "?";
-}
-
-int Knobs::get(Knob k) const {
-  switch (k) {
-    case Knob::kVecsPerThread:
-      return vecs_per_thread;
-    case Knob::kCtaThreads:
-      return cta_threads;
-    case Knob::kBlocksPerSm:
-      return blocks_per_sm;
-    case Knob::kSlices:
-      return slices;
-    case Knob::kRingStages:
-      return ring_stages;
-    case Knob::kPersistent:
-      return persistent ? 1 : 0;
-    case Knob::kGridExchange:
-      return grid_exchange ? 1 : 0;
-  }
-  return 0;
-}
-
-void Knobs::set(Knob k, int v) {
-  switch (k) {
-    case Knob::kVecsPerThread:
-      vecs_per_thread = v;
-      break;
-    case Knob::kCtaThreads:
-      cta_threads = v;
-      break;
-    case Knob::kBlocksPerSm:
-      blocks_per_sm = v;
-      break;
-    case Knob::kSlices:
-      slices = v;
-      break;
-    case Knob::kRingStages:
-      ring_stages = v;
-      break;
-    case Knob::kPersistent:
-      persistent = v != 0;
-      break;
-    case Knob::kGridExchange:
-      grid_exchange = v != 0;
-      break;
-  }
-}
+constexpr const char* kFwdNames[kFwdDesignCount] = {"register_row", "smem_row", "sliced_row", "reload_row"};
+constexpr const char* kBwdNames[kBwdDesignCount] = {"register_row", "staged_row", "sliced_row", "split_row",
+                                                    "column_grads"};
+constexpr const char* kKnobNames[kKnobCount] = {"vecs_per_thread", "cta_threads", "blocks_per_sm", "slices",
+                                                "ring_stages",     "persistent",  "grid_exchange"};
+// Knobs in Knob order.
+int Knobs::*const kFields[kKnobCount] = {&Knobs::vecs_per_thread, &Knobs::cta_threads, &Knobs::blocks_per_sm,
+                                         &Knobs::slices,          &Knobs::ring_stages, &Knobs::persistent,
+                                         &Knobs::grid_exchange};
 
 // Declared knobs, one bit per Knob, by design.
-static constexpr unsigned bit(Knob k) { return 1u << static_cast<int>(k); }
+constexpr unsigned bit(Knob k) { return 1u << static_cast<int>(k); }
 constexpr unsigned kRowKnobs = bit(Knob::kVecsPerThread) | bit(Knob::kCtaThreads) | bit(Knob::kBlocksPerSm);
+constexpr unsigned kSliceKnobs = kRowKnobs | bit(Knob::kSlices) | bit(Knob::kGridExchange) | bit(Knob::kRingStages);
+constexpr unsigned kFwdKnobs[kFwdDesignCount] = {
+    kRowKnobs | bit(Knob::kPersistent),  // register_row
+    kRowKnobs,                           // smem_row
+    kSliceKnobs,                         // sliced_row
+    kRowKnobs | bit(Knob::kPersistent),  // reload_row
+};
+constexpr unsigned kBwdKnobs[kBwdDesignCount] = {
+    kRowKnobs,                           // register_row
+    kRowKnobs | bit(Knob::kRingStages),  // staged_row
+    kSliceKnobs,                         // sliced_row
+    bit(Knob::kVecsPerThread),           // split_row: rows in flight a thread
+    kRowKnobs,                           // column_grads
+};
 
-bool declares(FwdDesign d, Knob k) {
-  static constexpr unsigned kDeclared[kFwdDesignCount] = {
-      kRowKnobs | bit(Knob::kPersistent),                                                  // register_row
-      kRowKnobs,                                                                           // smem_row
-      kRowKnobs | bit(Knob::kSlices) | bit(Knob::kGridExchange) | bit(Knob::kRingStages),  // sliced_row
-      kRowKnobs | bit(Knob::kPersistent),                                                  // reload_row
-  };
-  return (kDeclared[static_cast<int>(d)] & bit(k)) != 0;
-}
+}  // namespace
 
-bool declares(BwdDesign d, Knob k) {
-  static constexpr unsigned kDeclared[kBwdDesignCount] = {
-      kRowKnobs,                                                                           // register_row
-      kRowKnobs | bit(Knob::kRingStages),                                                  // staged_row
-      kRowKnobs | bit(Knob::kSlices) | bit(Knob::kGridExchange) | bit(Knob::kRingStages),  // sliced_row
-      bit(Knob::kVecsPerThread),                                                           // split_row
-      kRowKnobs,                                                                           // column_grads
-  };
-  return (kDeclared[static_cast<int>(d)] & bit(k)) != 0;
-}
+const char* design_name(FwdDesign d) { return kFwdNames[static_cast<int>(d)]; }
+const char* design_name(BwdDesign d) { return kBwdNames[static_cast<int>(d)]; }
+const char* knob_name(Knob k) { return kKnobNames[static_cast<int>(k)]; }
+int Knobs::get(Knob k) const { return this->*kFields[static_cast<int>(k)]; }
+void Knobs::set(Knob k, int v) { this->*kFields[static_cast<int>(k)] = v; }
+bool declares(FwdDesign d, Knob k) { return (kFwdKnobs[static_cast<int>(d)] & bit(k)) != 0; }
+bool declares(BwdDesign d, Knob k) { return (kBwdKnobs[static_cast<int>(d)] & bit(k)) != 0; }
 
 int threads_per_row(int64_t nvec, int nv) {
   const int64_t want = ceil_div(nvec, std::max(1, nv));

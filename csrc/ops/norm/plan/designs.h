@@ -52,8 +52,8 @@ struct Knobs {
   int blocks_per_sm = 0;
   int slices = 1;
   int ring_stages = 0;
-  bool persistent = false;
-  bool grid_exchange = false;
+  int persistent = 0;     // 0 / 1
+  int grid_exchange = 0;  // 0 / 1
   int get(Knob k) const;
   void set(Knob k, int v);
 };
@@ -89,6 +89,8 @@ struct Candidate {
 // unless `every` (a forced design: every feasible candidate).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every);
+// The split backward's per-row coefficient kernel for a problem.
+jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs each design declares (overrides of any other knob are refused).
 bool declares(FwdDesign d, Knob k);
 bool declares(BwdDesign d, Knob k);

@@ -9,34 +9,6 @@
 
 namespace rtcnorm {
 
-NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op) {
-  if (!mode.has_value()) return NormMode::kAuto;
-  const std::string m(mode->data(), mode->size());
-  if (m == "static_persistent") return NormMode::kStaticPersistent;
-  if (m == "multi_wave_reload") return NormMode::kMultiWaveReload;
-  if (m == "multi_wave_cached") return NormMode::kMultiWaveCached;
-  TORCH_CHECK_VALUE(false, "rtcnorm.", op, ": mode must be None, 'static_persistent', 'multi_wave_reload' or ",
-                    "'multi_wave_cached', got '", m, "'");
-}
-
-const char* mode_name(NormMode m) {
-  switch (m) {
-    case NormMode::kAuto:
-      return "auto";
-    case NormMode::kStaticPersistent:
-      return "static_persistent";
-    case NormMode::kMultiWaveReload:
-      return "multi_wave_reload";
-    case NormMode::kMultiWaveCached:
-      return "multi_wave_cached";
-  }
-  return "?";
-}
-
-int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm) {
-  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, int64_t(sm_count) * std::max(1, blocks_per_sm)));
-}
-
 namespace {
 
 NormOverride& override_slot(bool forward) {
@@ -152,19 +124,6 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   else
     plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
   return plan;
-}
-
-SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count) {
-  SplitGrid g;
-  const int64_t nvec = plan.key.hidden / plan.key.vec;
-  g.col_tiles = ceil_div(nvec, plan.key.threads_per_row);
-  // About 8 column CTAs an SM, and at least 32 rows a tile, so the partial
-  // rows stay a few percent of the traffic; gridDim.y <= 65535.
-  const int64_t want = ceil_div(int64_t(sm_count) * 8, g.col_tiles);
-  const int64_t tiles = std::max<int64_t>(1, std::min(want, rows / 32));
-  g.rows_per_tile = std::max(ceil_div(rows, tiles), ceil_div(rows, 65535));
-  g.row_tiles = ceil_div(rows, g.rows_per_tile);
-  return g;
 }
 
 }  // namespace rtcnorm

@@ -10,7 +10,6 @@
 
 #include "jit/kernel_key.h"
 #include "ops/norm/plan/designs.h"
-#include "ops/norm/plan/families.h"
 #include "ops/norm/plan/problem.h"
 
 namespace rtcnorm {
@@ -81,34 +80,6 @@ const NormOverride& norm_override(bool forward);
 // Parses a design name (FwdDesign or BwdDesign); -1 when unknown.
 int design_from_name(bool forward, const std::string& name);
 std::string describe_override(bool forward, const NormOverride& o);
-
-// The split backward's column-kernel grid: col_tiles x row_tiles CTAs.
-struct SplitGrid {
-  int64_t col_tiles = 0;
-  int64_t row_tiles = 0;
-  int64_t rows_per_tile = 0;
-};
-SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count);
-jit::KernelKey split_coef_key(const NormProblem& p, int arch);
-
-// Persistent grid: every SM full at the kernel's occupancy, never more CTAs
-// than row blocks.
-int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
-inline int64_t bwd_max_units(const NormBwdPlan& plan, int /*sm_count*/) { return plan.max_units; }
-inline int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) { return plan.row_blocks; }
-
-// CTAs that split each row's columns (kClusterBits / kCluster16).
-inline int column_slices(unsigned flags) {
-  return (flags & kCluster16) != 0 ? 16 : 1 << ((flags & kClusterBits) >> kClusterShift);
-}
-// CTAs of a launch's grid group (kGridExchange), 1 for any other plan.
-inline int grid_group_ctas(const jit::KernelKey& k) {
-  return (k.flags & kGridExchange) != 0 ? column_slices(k.flags) : 1;
-}
-// CTAs a persistent backward grid counts as one unit (one partial row).
-inline int grid_unit_ctas(const jit::KernelKey& k) {
-  return (k.flags & kGridExchange) != 0 ? column_slices(k.flags) : k.cluster;
-}
 
 // explain(): the plan's trace as text (only on request, never on launches).
 std::string explain_fwd(const NormFwdPlan& plan);

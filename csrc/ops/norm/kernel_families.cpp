@@ -1,4 +1,4 @@
-#include "ops/norm/plan/families.h"
+#include "ops/norm/kernel_families.h"
 
 #include <sstream>
 #include <string>
