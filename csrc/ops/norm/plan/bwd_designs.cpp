@@ -133,22 +133,29 @@ void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
   }
 }
 
-// Few row blocks (at most one an SM): the row CTAs write dx only, and CTAs
-// after them each own `col_vecs` vectors of columns and sum dW / dB over
-// every row, written as the gradients: no partial rows, no second kernel.
+// Few row blocks: the row CTAs write dx only, and CTAs after them each own
+// `col_vecs` vectors of columns and sum dW / dB over every row, written as
+// the gradients: no partial rows, no second kernel. Row and column CTAs
+// together fit one wave at the candidate's residency.
 constexpr int kColumnLineBytes = 128;
 void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (w.accums() == 0 || p.rows < 2) return;
+  // The row CTAs hold no dW / dB accumulators: their layouts and residency
+  // are those of a backward that computes dx alone.
   std::vector<Candidate> rows;
-  row_candidates(p, w, gpu, 1, rows);
+  row_candidates(p, BwdWants{false, false, w.dh}, gpu, 1, rows);
+  const unsigned grads = (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
   for (Candidate c : rows) {
-    if (c.knobs.ring_stages != 0 || c.row_blocks > gpu.sm_count) continue;
+    c.key.flags |= grads;
+    const int64_t slots = int64_t{c.knobs.blocks_per_sm} * gpu.sm_count;
+    if (c.knobs.ring_stages != 0 || c.row_blocks >= slots) continue;
     const int threads = c.key.threads();
     const int64_t nvec = p.nvec();
     int cv = std::max(1, kColumnLineBytes / (c.key.vec * p.esize()));
-    const int64_t free_sms = std::max<int64_t>(1, gpu.sm_count - c.row_blocks);
-    while (2 * cv <= threads && ceil_div(nvec, cv) > free_sms) cv *= 2;
+    const int64_t free_slots = std::max<int64_t>(1, std::min<int64_t>(gpu.sm_count, slots - c.row_blocks));
+    while (2 * cv <= threads && ceil_div(nvec, cv) > free_slots) cv *= 2;
     cv = std::min(cv, threads);
+    if (c.row_blocks + ceil_div(nvec, cv) > slots) continue;
     c.design = static_cast<int>(BwdDesign::kColumnGrads);
     c.col_vecs = cv;
     c.col_ctas = ceil_div(nvec, cv);
