@@ -41,7 +41,7 @@ enum NormFlags : unsigned {
   // Every row map the kernel reads (x; the residual in the forward) is one
   // stride: row r starts at r * inner_stride, so the row's address needs no
   // test of inner_rows first (RowMap). Set by the host only where both maps
-  // are single-stride and the planner picks it (ops/norm_plan.cpp).
+  // are single-stride and the planner picks it (ops/norm/plan).
   kSingleStride = 1u << 9,
   kStreamStore = 1u << 10,     // outputs are stored evict-first (.cs): not re-read
   kPrefetchNext = 1u << 11,    // a cached grid-stride loop asks L2 for its next row block
@@ -68,7 +68,7 @@ enum NormFlags : unsigned {
   kRingExtraBits = 3u << 19,
   // backward, register rows of lone CTAs, few row blocks: the first
   // row_blocks CTAs compute dx only, the CTAs after them dW / dB of column
-  // slices over every row, written as the gradients (common/norm_bwd_columns.cuh).
+  // slices over every row, written as the gradients (norm/bwd_column_grads.cuh).
   kColumnGrads = 1u << 21,
   // backward, cached rows: the first pass keeps every element's x - mean and
   // dy (w * dy for RMSNorm) in registers as floats and adds its dW / dB terms
@@ -94,7 +94,7 @@ enum NormFlags : unsigned {
   // backward, staged column-cluster rows (kStagedRow with kClusterBits, a ring
   // of at least 3 stages): the cluster's row sums are collected one row block
   // later, so a CTA's dx of row block k waits for its peers' sums of k while
-  // it sums row block k + 1 (common/norm_bwd_deferred.cuh).
+  // it sums row block k + 1 (norm/bwd_sliced_row.cuh).
   kDeferStats = 1u << 29,
   // The high bit of kClusterBits' log2: set alone (the two low bits clear),
   // a cluster of 16 CTAs splits each row (sm_90's non-portable size).
@@ -117,13 +117,13 @@ constexpr RTCNORM_HOST_DEVICE int grid_slot_words_for(int floats) { return float
 constexpr int kRingExtraShift = 19;
 constexpr int kRowClusterShift = 26;
 
-// Backward (norm_bwd.cuh, BwdLayout; the planner sizes shared memory by it):
+// Backward (norm/bwd_rows.cuh, BwdLayout; the planner sizes shared memory by it):
 // a bundle is a set of row groups whose column sums are combined through
 // shared memory: whole warps for TPR < 32 (the groups inside a warp are
 // combined with shuffles first), whole groups otherwise.
 constexpr RTCNORM_HOST_DEVICE int bwd_bundles(int tpr, int rows) { return tpr < 32 ? (tpr * rows) / 32 : rows; }
 
-// Backward (norm_bwd.cuh): a lone CTA that writes the gradients itself
+// Backward (norm/bwd_rows.cuh): a lone CTA that writes the gradients itself
 // (kDirectGrads with neither a column nor a row cluster, so the grid and
 // row_blocks are 1) from terms summed in its first pass (kKeepTerms), one
 // bundle of columns wide (no shared-memory combine), stores them before the

@@ -1,8 +1,11 @@
+// Design: the backward's sliced_row with deferred statistics (cluster or
+// grid-exchange slices). Shared by RMSNorm and LayerNorm.
+//
 // Backward of staged column-cluster rows (kStagedRow with kClusterBits and
 // kDeferStats, sm_90+), with the cluster's exchange of row sums taken off the
 // critical path.
 //
-// In norm_bwd.cuh a cluster CTA sums its slice of row block k, publishes the
+// In norm/bwd_rows.cuh a cluster CTA sums its slice of row block k, publishes the
 // sums and waits for its peers' before it can write dx of k: every row block
 // waits on the slowest CTA of the cluster, whose copies set the pace. Here
 // CTA iteration k
@@ -36,8 +39,9 @@
 //   same rank-order merge: bitwise the same results as the cluster.
 #pragma once
 
-#include "common/norm_bwd.cuh"
-#include "common/slice_exchange.cuh"
+#include "common/grid_dep.cuh"
+#include "norm/bwd_common.cuh"
+#include "norm/slice_exchange.cuh"
 
 namespace rtcnorm {
 
