@@ -228,46 +228,4 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
   }
 }
 
-// A row cluster's (kRowClusterBits, RC CTAs) column sums meet: each CTA has
-// left its own in `sums` (N floats of its shared memory, by
-// write_partial_row) and passed a cluster barrier; CTA r then adds up its
-// share of the columns over the ranks, in rank order, into the cluster's
-// partial row, or with DIRECT (the grid is this one cluster) into the
-// gradient `out` in the weight dtype. The caller's next cluster barrier keeps
-// every CTA's shared memory alive until its peers have read it.
-template <int N, int RC, typename W, bool DIRECT>
-__device__ __forceinline__ void sum_row_cluster_columns(const float* sums, float* partial_row, W* out) {
-  constexpr int kG = N % 4 == 0 ? 4 : 1;  // floats an access: 16 bytes where every group is 16-byte aligned
-  constexpr int kGroups = N / kG;
-  constexpr int kShare = (kGroups + RC - 1) / RC;
-  const int first = cluster_rank<RC>() * kShare;
-  const int last = min(kGroups, first + kShare);
-  for (int g = first + static_cast<int>(threadIdx.x); g < last; g += blockDim.x) {
-    float part[RC][kG];  // every rank's load issued before the first add: one round trip
-#pragma unroll
-    for (int k = 0; k < RC; ++k) {
-      if constexpr (kG == 4) {
-        const float4 v = load_remote4(sums + g * 4, k);
-        part[k][0] = v.x;
-        part[k][1] = v.y;
-        part[k][2] = v.z;
-        part[k][3] = v.w;
-      } else {
-        part[k][0] = load_remote(sums + g, k);
-      }
-    }
-    Pack<float, kG> total;
-#pragma unroll
-    for (int j = 0; j < kG; ++j) {
-      total.e[j] = part[0][j];
-#pragma unroll
-      for (int k = 1; k < RC; ++k) total.e[j] += part[k][j];
-    }
-    if constexpr (DIRECT)
-      store<W, kG>(out, 1LL * g * kG, from_floats<W, kG>(total.e));
-    else
-      store<float, kG>(partial_row, 1LL * g * kG, total);
-  }
-}
-
 }  // namespace rtcnorm

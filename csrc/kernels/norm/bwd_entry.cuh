@@ -19,9 +19,8 @@ __device__ __forceinline__ void norm_bwd_entry(const NormBwdParams& p) {
   if constexpr ((FLAGS & kDeferStats) != 0) {
     norm_bwd_deferred<KIND, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
   } else if constexpr ((FLAGS & kColumnGrads) != 0) {
-    static_assert(
-        (FLAGS & (kCachedRow | kStagedRow | kDirectGrads | kClusterBits | kCluster16 | kRowClusterBits)) == kCachedRow,
-        "column CTAs pair with register rows of lone CTAs that write no gradient");
+    static_assert((FLAGS & (kCachedRow | kStagedRow | kDirectGrads | kClusterBits | kCluster16)) == kCachedRow,
+                  "column CTAs pair with register rows of lone CTAs that write no gradient");
     if (blockIdx.x >= p.row_blocks)
       norm_bwd_column_grads<KIND, T, W, N, VEC, FLAGS>(p);
     else

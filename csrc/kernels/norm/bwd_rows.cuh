@@ -49,13 +49,6 @@
 //   partial row that the reduce would convert. A lone CTA whose first pass
 //   keeps its terms has them whole before the row reduction and stores them
 //   there (early_direct_grads, params.cuh).
-// - A row cluster of RC CTAs (kRowClusterBits, cached rows, no column
-//   split): each CTA walks row blocks as a lone CTA would, then the
-//   cluster's column sums meet in distributed shared memory (in rank order)
-//   and cluster c writes partial row c (gridDim.x / RC rows), or, as the
-//   grid's only cluster, the gradients (kDirectGrads). A CTA past the last
-//   row block adds zeros. Dynamic shared memory then also holds N floats a
-//   gradient (plus the bundles of the combine), which the host sizes alike.
 // - The column reduce that follows is launched programmatically on sm_90+
 //   (grid_dep.cuh): every CTA lets it be scheduled at its start, and it waits
 //   for this grid to complete before reading the partial rows.
@@ -98,23 +91,21 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   static_assert(kCl == 1 || kCached, "a cluster splits rows it caches in registers");
   static_assert(!kStaged || kCached, "staged rows are cached rows");
   static_assert((FLAGS & kDirectGrads) == 0 || kCached, "only register sums are written as the gradients");
-  constexpr int kRc = 1 << ((FLAGS & kRowClusterBits) >> kRowClusterShift);
-  static_assert(kRc == 1 || (kCl == 1 && kCached), "a row cluster's CTAs cache whole rows in registers or the ring");
   constexpr bool kDirect = (FLAGS & kDirectGrads) != 0;
   // (The loop below then runs once, and dW / dB are whole after its first pass.)
   constexpr bool kEarlyGrads = early_direct_grads(FLAGS, TPR, ROWS);
-  static_assert(!kEarlyGrads || (kTerms && kCl == 1 && kRc == 1 && BwdLayout<TPR, ROWS>::kBundles == 1),
+  static_assert(!kEarlyGrads || (kTerms && kCl == 1 && BwdLayout<TPR, ROWS>::kBundles == 1),
                 "gradients stored early: a lone CTA, its terms kept, one bundle of columns");
 
   extern __shared__ __align__(16) float smem[];
   __shared__ GroupScratch<TPR, ROWS, Sum2> scratch;
   __shared__ ClusterScratch<kCl, ROWS, Sum2> cscratch;
   cluster_exchange_init(cscratch);
-  // (flat_lanes.) CTAs of a column or row cluster keep the division: flat,
+  // (flat_lanes.) CTAs of a column cluster keep the division: flat,
   // LayerNorm's 448-thread row-cluster and 224-thread column-cluster rows ran
   // 8-9% slower (H100, bf16 16384x7168 261.7 -> 282.8 us, 4096x14336 145.4 ->
   // 158.7; docs/history.md entry 76).
-  constexpr bool kFlat = kCl == 1 && kRc == 1 && flat_lanes<TPR, ROWS>();
+  constexpr bool kFlat = kCl == 1 && flat_lanes<TPR, ROWS>();
   const int lane = kFlat ? threadIdx.x : threadIdx.x % TPR;
   const int group = kFlat ? 0u : threadIdx.x / TPR;
   const int vbase = cluster_rank<kCl>() * kVecs;  // this CTA's first vector of a row
@@ -147,30 +138,26 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) db_acc[i][j] = 0.f;
 
-  // gamma of this thread's columns, the same for every row the CTA visits.
-  // Loaded here (a staged CTA's first rows' copies are already in flight), or
-  // with kGammaBesideRow right after the first row's loads are issued
-  // (below): converting gamma waits for it, so loaded first its DRAM round
-  // trip and the row's queue instead of overlapping.
-  constexpr bool kGammaLate = kTerms && !kStaged && (FLAGS & kGammaBesideRow) != 0;
+  // gamma of this thread's columns, the same for every row the CTA visits,
+  // loaded once before the first row (a staged CTA's first rows' copies are
+  // already in flight).
   float gk[kTerms ? NV : 1][VEC];
-  const auto load_kept_gamma = [&]() {
+  if constexpr (kTerms) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (kEven || v < kVecs) load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, gk[kTerms ? i : 0]);
+      if (kEven || v < kVecs) load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, gk[i]);
     }
-  };
-  if constexpr (kTerms && !kGammaLate) load_kept_gamma();
+  }
 
   int calls = 0;
   // A lone CTA owns a first row block (gridDim.x <= row_blocks), so its first
-  // row's loads wait on no loop test (see norm/fwd_rows.cuh). A row cluster's last
-  // CTAs may own none. Column-cluster CTAs keep the test: the one H100 run
-  // without it had their backward 1-11% slower (docs/history.md entry 44;
-  // not separated from machine-to-machine variance).
+  // row's loads wait on no loop test (see norm/fwd_rows.cuh). Column-cluster
+  // CTAs keep the test: the one H100 run without it had their backward 1-11%
+  // slower (docs/history.md entry 44; not separated from machine-to-machine
+  // variance).
   long long rb = cluster;
-  bool more = (kRc == 1 && kCl == 1) || rb < p.row_blocks;
+  bool more = kCl == 1 || rb < p.row_blocks;
   while (more) {
     const long long row = rb * ROWS + group;
     const bool row_ok = row < p.rows;
@@ -204,9 +191,6 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
           xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
           dv[i] = load_nc<T, VEC>(dy, goff + 1LL * v * VEC);
         }
-      }
-      if constexpr (kGammaLate) {
-        if (first_row) load_kept_gamma();
       }
       if constexpr (kNext) {
         const long long next = (rb + clusters) * ROWS + group;
@@ -344,22 +328,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 
   cluster_exit<kCl>(calls);
   if constexpr (kStaged) __syncthreads();  // the partial-row combine reuses the ring
-  if constexpr (kRc > 1) {
-    // The CTA's column sums stay in its shared memory, dW's at [0, N) and
-    // dB's after them (each combine's bundles start at its own sums, which
-    // it writes in place), for the cluster to add up.
-    float* const sum_w = smem;
-    float* const sum_b = smem + (kDw ? N : 0);
-    if constexpr (kDw) write_partial_row<N, VEC, TPR, ROWS, NV, W, false>(dw_acc, sum_w, nullptr, sum_w);
-    if constexpr (kDb) write_partial_row<N, VEC, TPR, ROWS, NV, W, false>(db_acc, sum_b, nullptr, sum_b);
-    cluster_barrier();
-    const long long part = (kDirect ? 0 : blockIdx.x / kRc) * N;
-    if constexpr (kDw)
-      sum_row_cluster_columns<N, kRc, W, kDirect>(sum_w, kDirect ? nullptr : p.partial_w + part, static_cast<W*>(p.dw));
-    if constexpr (kDb)
-      sum_row_cluster_columns<N, kRc, W, kDirect>(sum_b, kDirect ? nullptr : p.partial_b + part, static_cast<W*>(p.db));
-    cluster_barrier();
-  } else if constexpr (!kEarlyGrads) {
+  if constexpr (!kEarlyGrads) {
     if constexpr (kCached && kDw)
       write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem);
     if constexpr (kCached && kDb)
