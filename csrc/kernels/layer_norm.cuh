@@ -1,15 +1,16 @@
 // LayerNorm kernels: y = (x - mean) * rsqrt(var + eps) * g + beta, with the
 // biased variance, g = gamma, 1 + gamma (zero-centred) or 1. The bodies are
-// shared with RMSNorm (common/norm_fwd.cuh, common/norm_bwd.cuh); LayerNorm is
+// shared with RMSNorm (norm/fwd_rows.cuh, norm/bwd_rows.cuh); LayerNorm is
 // the kLayerNorm statistics policy: Chan-merged mean and M2.
 //
 // MINB is the CTAs per SM the launch bounds ask registers to allow (the
 // planner's occupancy target); it changes the register cap, never the result.
 #pragma once
 
-#include "common/norm_bwd_columns.cuh"
-#include "common/norm_bwd_split.cuh"
-#include "common/norm_fwd_deferred.cuh"
+#include "norm/bwd_entry.cuh"
+#include "norm/bwd_split_row.cuh"
+#include "norm/fwd_rows.cuh"
+#include "norm/fwd_sliced_row.cuh"
 
 namespace rtcnorm {
 
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) layer_norm_bwd(const NormBwdP
   norm_bwd_entry<kLayerNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 
-// Split backward for rows that do not fit in registers (norm_bwd_split.cuh).
+// Split backward for rows that do not fit in registers (norm/bwd_split_row.cuh).
 // coef: one CTA of TPR threads per row (ROWS == 1). cols: TPR is the CTA's
 // column threads and NV the rows each thread keeps in flight (ROWS == 1).
 template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>

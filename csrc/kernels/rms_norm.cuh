@@ -1,15 +1,16 @@
 // RMSNorm kernels: y = x * rsqrt(mean(x^2) + eps) * g, with g = gamma,
 // 1 + gamma (zero-centred) or 1 (no weight). The bodies are shared with
-// LayerNorm (common/norm_fwd.cuh, common/norm_bwd.cuh); RMSNorm is the
+// LayerNorm (norm/fwd_rows.cuh, norm/bwd_rows.cuh); RMSNorm is the
 // kRmsNorm statistics policy: mean fixed at 0, sum of squares only.
 //
 // MINB is the CTAs per SM the launch bounds ask registers to allow (the
 // planner's occupancy target); it changes the register cap, never the result.
 #pragma once
 
-#include "common/norm_bwd_columns.cuh"
-#include "common/norm_bwd_split.cuh"
-#include "common/norm_fwd_deferred.cuh"
+#include "norm/bwd_entry.cuh"
+#include "norm/bwd_split_row.cuh"
+#include "norm/fwd_rows.cuh"
+#include "norm/fwd_sliced_row.cuh"
 
 namespace rtcnorm {
 
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_bwd(const NormBwdPar
   norm_bwd_entry<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 
-// Split backward for rows that do not fit in registers (norm_bwd_split.cuh).
+// Split backward for rows that do not fit in registers (norm/bwd_split_row.cuh).
 // coef: one CTA of TPR threads per row (ROWS == 1). cols: TPR is the CTA's
 // column threads and NV the rows each thread keeps in flight (ROWS == 1).
 template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>

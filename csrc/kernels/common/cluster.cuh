@@ -66,30 +66,6 @@ __device__ __forceinline__ unsigned map_to_rank(unsigned addr, int rank) {
   return remote;
 }
 
-// The shared::cluster address of `local`'s offset in cluster CTA `rank`.
-__device__ __forceinline__ unsigned remote_address(const float* local, int rank) {
-  return map_to_rank(shared_address(local), rank);
-}
-
-// The float at `local`'s offset in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ float load_remote(const float* local, int rank) {
-  float v;
-  // No memory clobber: cluster_barrier's orders these loads; leaving them
-  // free lets the CL loads of cluster_allreduce be in flight together.
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote_address(local, rank)));
-  return v;
-}
-
-// Four floats at `local`'s offset (16-byte aligned) in the shared memory of
-// cluster CTA `rank`, in one access.
-__device__ __forceinline__ float4 load_remote4(const float* local, int rank) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote_address(local, rank)));
-  return v;
-}
-
 // Writes `v` into cluster shared memory at `remote` and, once written, takes
 // sizeof(Acc) bytes off the transaction count of the mbarrier at `remote_bar`
 // (st.async: the completion has release semantics at cluster scope, so this

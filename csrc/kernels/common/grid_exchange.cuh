@@ -18,7 +18,7 @@
 //
 // Invariants:
 // - Callers: the deferred loops, forward and backward (collect k - 1, then
-//   publish k; common/slice_exchange.cuh) and the forward's meeting loop
+//   publish k; norm/slice_exchange.cuh) and the forward's meeting loop
 //   (publish k, then collect k). All make
 //   the same call sequence as common/cluster.cuh's publish / collect:
 //   every thread of the group's CTAs makes it, collect k before publish

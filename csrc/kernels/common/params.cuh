@@ -41,7 +41,7 @@ enum NormFlags : unsigned {
   // Every row map the kernel reads (x; the residual in the forward) is one
   // stride: row r starts at r * inner_stride, so the row's address needs no
   // test of inner_rows first (RowMap). Set by the host only where both maps
-  // are single-stride and the planner picks it (ops/norm_plan.cpp).
+  // are single-stride and the planner picks it (ops/norm/plan).
   kSingleStride = 1u << 9,
   kStreamStore = 1u << 10,     // outputs are stored evict-first (.cs): not re-read
   kPrefetchNext = 1u << 11,    // a cached grid-stride loop asks L2 for its next row block
@@ -68,7 +68,7 @@ enum NormFlags : unsigned {
   kRingExtraBits = 3u << 19,
   // backward, register rows of lone CTAs, few row blocks: the first
   // row_blocks CTAs compute dx only, the CTAs after them dW / dB of column
-  // slices over every row, written as the gradients (common/norm_bwd_columns.cuh).
+  // slices over every row, written as the gradients (norm/bwd_column_grads.cuh).
   kColumnGrads = 1u << 21,
   // backward, cached rows: the first pass keeps every element's x - mean and
   // dy (w * dy for RMSNorm) in registers as floats and adds its dW / dB terms
@@ -82,19 +82,13 @@ enum NormFlags : unsigned {
   // forward, cached rows: gamma/beta are loaded into registers beside the
   // row's x (as stored) rather than after the row reduction.
   kPreloadAffine = 1u << 24,
-  // backward, kKeepTerms in registers: gamma is loaded after the first row's
-  // x and dy loads are issued, not before them (a CTA of one row block).
-  kGammaBesideRow = 1u << 25,
-  // backward, cached rows, no column split: log2 of the CTAs of a
-  // thread-block cluster that own different row blocks of the same columns
-  // (0: none; 1..4: clusters of 2..16, sm_90+; 16 is a non-portable size).
-  // Their column sums meet in distributed shared memory, so the cluster
-  // writes one partial row (or, as the grid's only cluster, the gradients).
-  kRowClusterBits = 7u << 26,
+  // Bits 25-28 are unused; they once selected designs no plan makes any
+  // more. The other bits keep their positions: they are part of kernel keys
+  // and of the disk cache's names.
   // backward, staged column-cluster rows (kStagedRow with kClusterBits, a ring
   // of at least 3 stages): the cluster's row sums are collected one row block
   // later, so a CTA's dx of row block k waits for its peers' sums of k while
-  // it sums row block k + 1 (common/norm_bwd_deferred.cuh).
+  // it sums row block k + 1 (norm/bwd_sliced_row.cuh).
   kDeferStats = 1u << 29,
   // The high bit of kClusterBits' log2: set alone (the two low bits clear),
   // a cluster of 16 CTAs splits each row (sm_90's non-portable size).
@@ -115,22 +109,21 @@ constexpr int kGridExchangeSlots = 3;
 // aligned (Sum1 and Sum2: 16 bytes, the three moments of LayerNorm: 32).
 constexpr RTCNORM_HOST_DEVICE int grid_slot_words_for(int floats) { return floats <= 2 ? 2 : 4; }
 constexpr int kRingExtraShift = 19;
-constexpr int kRowClusterShift = 26;
 
-// Backward (norm_bwd.cuh, BwdLayout; the planner sizes shared memory by it):
+// Backward (norm/bwd_rows.cuh, BwdLayout; the planner sizes shared memory by it):
 // a bundle is a set of row groups whose column sums are combined through
 // shared memory: whole warps for TPR < 32 (the groups inside a warp are
 // combined with shuffles first), whole groups otherwise.
 constexpr RTCNORM_HOST_DEVICE int bwd_bundles(int tpr, int rows) { return tpr < 32 ? (tpr * rows) / 32 : rows; }
 
-// Backward (norm_bwd.cuh): a lone CTA that writes the gradients itself
-// (kDirectGrads with neither a column nor a row cluster, so the grid and
+// Backward (norm/bwd_rows.cuh): a lone CTA that writes the gradients itself
+// (kDirectGrads without a column cluster, so the grid and
 // row_blocks are 1) from terms summed in its first pass (kKeepTerms), one
 // bundle of columns wide (no shared-memory combine), stores them before the
 // row reduction.
 constexpr RTCNORM_HOST_DEVICE bool early_direct_grads(unsigned flags, int tpr, int rows) {
   return (flags & (kCachedRow | kKeepTerms | kDirectGrads)) == (kCachedRow | kKeepTerms | kDirectGrads) &&
-         (flags & (kClusterBits | kCluster16 | kRowClusterBits)) == 0 && bwd_bundles(tpr, rows) == 1;
+         (flags & (kClusterBits | kCluster16)) == 0 && bwd_bundles(tpr, rows) == 1;
 }
 
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };

@@ -13,7 +13,7 @@
 // - load_coherent: an ordinary load, for data this kernel wrote earlier (the
 //   residual sum h, the dW partial row), where the .nc path may return stale
 //   data; the norm forward also reads 16-bit inputs of 40 MB or more with
-//   it (norm_fwd.cuh, load_row_vec).
+//   it (norm/fwd_rows.cuh, load_row_vec).
 #pragma once
 
 #include "common/types.cuh"

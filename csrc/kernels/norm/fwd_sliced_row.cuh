@@ -1,8 +1,11 @@
+// Design: the forward's sliced_row with deferred statistics and a staged
+// ring (cluster or grid-exchange slices). Shared by RMSNorm and LayerNorm.
+//
 // Forward of column-slice rows staged through shared memory, with the
 // slices' exchange of statistics taken off the critical path
 // (kClusterBits with kStagedRow and kDeferStats, sm_90+, persistent grid).
 //
-// In norm_fwd.cuh a slice CTA sums its slice of row block k, publishes the
+// In norm/fwd_rows.cuh a slice CTA sums its slice of row block k, publishes the
 // partial and waits for its peers' before it can write y of k: every row
 // block waits on the slowest CTA of the slice group, whose loads set the
 // pace, and the CTA's row sits in registers meanwhile. Here CTA iteration k
@@ -13,7 +16,7 @@
 //   4. starts the copies of row block k + S - 1 into the stage k - 1 left.
 // After the last row block, the partials of the last are collected and its y
 // written. The ring holds S >= 3 stages: one row block being finished, one
-// being summed, S - 2 in flight (common/norm_bwd_deferred.cuh is the
+// being summed, S - 2 in flight (norm/bwd_sliced_row.cuh is the
 // backward's loop of the same shape).
 //
 // Invariants:
@@ -31,8 +34,9 @@
 //   call its peers publish.
 #pragma once
 
-#include "common/norm_fwd.cuh"
-#include "common/slice_exchange.cuh"
+#include "norm/fwd_common.cuh"
+#include "norm/slice_exchange.cuh"
+#include "norm/stats_guard.cuh"
 
 namespace rtcnorm {
 
@@ -95,7 +99,7 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
     float mean, rstd;
     Stats::finish(AccAs<Acc>::from(red), N, p.eps, mean, rstd);
     if (!r.ok) return;
-    // Overflowed sums (common/norm_stats_guard.cuh).
+    // Overflowed sums (norm/stats_guard.cuh).
     guard_stats<KIND, T, false>(
         [&] {
           return GuardRow<T>{x + row_offset<FLAGS>(p.x_map, r.row), x};

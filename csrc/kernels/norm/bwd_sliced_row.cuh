@@ -1,8 +1,11 @@
+// Design: the backward's sliced_row with deferred statistics (cluster or
+// grid-exchange slices). Shared by RMSNorm and LayerNorm.
+//
 // Backward of staged column-cluster rows (kStagedRow with kClusterBits and
 // kDeferStats, sm_90+), with the cluster's exchange of row sums taken off the
 // critical path.
 //
-// In norm_bwd.cuh a cluster CTA sums its slice of row block k, publishes the
+// In norm/bwd_rows.cuh a cluster CTA sums its slice of row block k, publishes the
 // sums and waits for its peers' before it can write dx of k: every row block
 // waits on the slowest CTA of the cluster, whose copies set the pace. Here
 // CTA iteration k
@@ -36,8 +39,9 @@
 //   same rank-order merge: bitwise the same results as the cluster.
 #pragma once
 
-#include "common/norm_bwd.cuh"
-#include "common/slice_exchange.cuh"
+#include "common/grid_dep.cuh"
+#include "norm/bwd_common.cuh"
+#include "norm/slice_exchange.cuh"
 
 namespace rtcnorm {
 
@@ -58,7 +62,7 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   constexpr bool kGrid = (FLAGS & kGridExchange) != 0;
   static_assert(kCl > 1, "the exchange being deferred is a column cluster's");
   static_assert((FLAGS & kStagedRow) != 0 && (FLAGS & kCachedRow) != 0, "rows are staged in the ring");
-  static_assert((FLAGS & (kKeepTerms | kRowClusterBits)) == 0, "neither kept terms nor row clusters");
+  static_assert((FLAGS & kKeepTerms) == 0, "no kept terms");
   static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");
 
   extern __shared__ __align__(16) float smem[];

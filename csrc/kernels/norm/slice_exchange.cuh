@@ -1,5 +1,5 @@
 // The exchange of a row's column slices in the deferred loops (forward:
-// common/norm_fwd_deferred.cuh, backward: common/norm_bwd_deferred.cuh),
+// norm/fwd_sliced_row.cuh, backward: norm/bwd_sliced_row.cuh),
 // which collect call k - 1 and publish call k back to back, and the ring
 // loop both run (deferred_ring_loop).
 //

@@ -1,9 +1,11 @@
+// Design: the backward's column_grads.
+//
 // Backward for grids of few row blocks (kColumnGrads): dx and the affine
 // gradients run side by side in one launch, on different CTAs.
 //
 // dW = sum(dy * xhat) and dB = sum(dy) need only the saved statistics
 // (xhat = (x - mean) * rstd), never a row's dx sums. So the grid's first
-// row_blocks CTAs compute dx, one row block each, exactly as norm_bwd.cuh
+// row_blocks CTAs compute dx, one row block each, exactly as norm/bwd_rows.cuh
 // does with no gradient wanted, while the CTAs after them (column CTAs) read
 // x and dy again, column slice by column slice, and write dW / dB themselves
 // in the weight dtype. No fp32 partial rows and no column reduce kernel: for
@@ -18,7 +20,7 @@
 // (column_lanes_reduce). No atomics: dW / dB are bitwise the same on every
 // run for a given (M, N, CV, block).
 //
-// Invariants (ops/norm_plan.cpp, ops/norm_common.cpp):
+// Invariants (ops/norm/plan, ops/norm_common.cpp):
 // - gridDim.x = row_blocks + ceil(N / VEC / CV) exceeds row_blocks, so a row
 //   CTA's grid-stride loop visits its one row block only. row_blocks is at
 //   most the SMs, or the whole grid fits the SMs at once (one-wave grids):
@@ -30,7 +32,8 @@
 //   kDirectGrads: the row CTAs write no gradient at all.
 #pragma once
 
-#include "common/norm_bwd_deferred.cuh"
+#include "common/grid_dep.cuh"
+#include "norm/bwd_common.cuh"
 
 namespace rtcnorm {
 
@@ -142,26 +145,6 @@ __device__ __forceinline__ void norm_bwd_column_grads(const NormBwdParams& p) {
   }
 
   column_lanes_reduce<W, VEC, kVecs, kDw, kDb>(p, dw, db, l, lanes, v - c);
-}
-
-// The backward kernels' one body, for RMSNorm and LayerNorm alike: the
-// deferred-statistics design, the column-gradient split above, or the
-// persistent kernel of norm_bwd.cuh.
-template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
-__device__ __forceinline__ void norm_bwd_entry(const NormBwdParams& p) {
-  if constexpr ((FLAGS & kDeferStats) != 0) {
-    norm_bwd_deferred<KIND, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
-  } else if constexpr ((FLAGS & kColumnGrads) != 0) {
-    static_assert(
-        (FLAGS & (kCachedRow | kStagedRow | kDirectGrads | kClusterBits | kCluster16 | kRowClusterBits)) == kCachedRow,
-        "column CTAs pair with register rows of lone CTAs that write no gradient");
-    if (blockIdx.x >= p.row_blocks)
-      norm_bwd_column_grads<KIND, T, W, N, VEC, FLAGS>(p);
-    else
-      norm_bwd<KIND, T, W, N, VEC, TPR, ROWS, NV, FLAGS & ~(kWantDw | kWantDb | kColumnGrads)>(p);
-  } else {
-    norm_bwd<KIND, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
-  }
 }
 
 }  // namespace rtcnorm

@@ -1,3 +1,6 @@
+// Design: the backward's split_row (coef and cols kernels). Shared by
+// RMSNorm and LayerNorm.
+//
 // Backward for rows too long to keep in registers: a column-split pass pair
 // instead of re-reading each row from L2 with a read-modify-write of the
 // CTA's fp32 partial row per row (which bounds that design at ~35-40% of
@@ -18,8 +21,8 @@
 // dependence on L2 capacity, and the partial rows cost rows/rows_per_tile
 // times N floats.
 //
-// Invariants (ops/norm_plan.cpp, ops/norm_common.cpp):
-// - The same per-element arithmetic as norm_bwd.cuh (dy*g rounded once, the
+// Invariants (ops/norm/plan, ops/norm_common.cpp):
+// - The same per-element arithmetic as norm/bwd_rows.cuh (dy*g rounded once, the
 //   same c1/c2 formulas), so the two designs agree to rounding of the sums.
 // - gridDim.y * rows_per_tile >= rows and every row tile holds >= 1 row.
 // - On sm_90+ norm_bwd_cols and the column reduce are launched
@@ -27,7 +30,8 @@
 //   touching memory.
 #pragma once
 
-#include "common/norm_bwd.cuh"
+#include "common/grid_dep.cuh"
+#include "norm/bwd_common.cuh"
 
 namespace rtcnorm {
 
