@@ -82,6 +82,14 @@ def randn(shape, dtype, device, *, scale=1.0, shift=0.0):
     return (torch.randn(shape, device=device, dtype=torch.float64) * scale + shift).to(dtype)
 
 
+def randomize(module: torch.nn.Module) -> torch.nn.Module:
+    """Fills every parameter of ``module`` with random values near 1, in place."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(randn(p.shape, p.dtype, p.device, scale=0.5, shift=1.0))
+    return module
+
+
 def variant_applies(variant: str, dtype: torch.dtype) -> bool:
     return variant != "mixed" or dtype in (torch.float16, torch.bfloat16)
 
