@@ -37,14 +37,6 @@ def kernel_flags(kernel: str) -> int:
     return int(kernel.split(", ")[-2].rstrip("u"))
 
 
-def one_wave_packs(op: str, plan: dict, sms: int) -> bool:
-    """Whether a forward plan of the one-wave rule (128-thread CTAs, 2-4 an SM)
-    loads gamma (and beta) beside x: LayerNorm always, RMSNorm where its CTAs
-    hold one or two rows or number at most three an SM (ops/norm_plan.cpp)."""
-    rows_per_cta = plan["block"] // plan["threads_per_row"]
-    return op == "layer_norm" or rows_per_cta <= 2 or plan["row_blocks"] <= 3 * sms
-
-
 def column_cluster(kernel: str) -> int:
     """CTAs of the column cluster a kernel key names: log2 in flag bits 14-15,
     or bit 30 alone for 16 (kClusterBits, kCluster16)."""

@@ -1,4 +1,4 @@
-// Integer helpers shared by the launch planners (norm_plan.cpp,
+// Integer helpers shared by the launch planners (ops/norm/plan/,
 // ops/softmax/plan/). Host only; no state.
 #pragma once
 
@@ -12,8 +12,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Inputs (the norm forward's x; the softmax's x, or y and dy) of at least this
 // many bytes are read through L1 rather than around it (kL1Allocate,
-// kSoftmaxL1Alloc; the measurements are beside the rules in norm_plan.cpp and
-// ops/softmax/plan/designs.cpp).
+// kSoftmaxL1Alloc; docs/history.md entry 27 and ops/softmax/plan/designs.cpp).
 constexpr int64_t kL1AllocMinInputBytes = int64_t(40) << 20;
 
 // The smallest power of two >= v (1 for v <= 1).

@@ -12,60 +12,20 @@ import torch
 class Modes(tuple):
     """``rtcnorm.MODES``: the forward modes of the norm ops, a tuple of names.
 
-    Valid values of ``mode`` besides None (None lets a heuristic choose);
-    ``mode in rtcnorm.MODES`` tests one, and iterating lists them.
+    Valid values of ``mode`` besides None (None lets the planner choose among
+    every design); ``mode in rtcnorm.MODES`` tests one, and iterating lists them.
 
-    - ``static_persistent``: a grid of SMs x occupancy CTAs striding over rows.
-      For narrow rows whose thread holds at most 16 gamma (and beta) values, they
-      stay in registers for the CTA's lifetime.
-    - ``multi_wave_reload``: one CTA per block of rows; x is read once for the
+    - ``static_persistent``: a grid of SMs x occupancy CTAs striding over row
+      blocks (register rows, sliced rows of a cooperative group, or re-read
+      rows).
+    - ``multi_wave_reload``: one CTA per row block; x is read once for the
       statistics and again for the normalize pass (the re-read mostly hits L2).
-    - ``multi_wave_cached``: one CTA per block of rows; the row stays on chip
-      between the two passes, so x is read once: in registers, or in shared memory
-      for long rows beside a residual or a bias (see below).
+    - ``multi_wave_cached``: one CTA per row block; the row stays on chip
+      between the two passes (registers, shared memory, or a cluster's slices),
+      so x is read once; a row no cached design holds is re-read.
 
-    Where the row stays: in registers up to 64 bf16/fp16 or 32 fp32 values per
-    thread at 1024 threads. In shared memory (``explain(...)["smem"]`` bytes per
-    CTA) for rows of 16 KB or more with a residual, LayerNorm rows of more than
-    64 KB with a bias (and fp32 ones of 32 KB cached by 256 threads: N = 8192),
-    and any row too wide for registers that fits the CTA's shared memory (227 KB
-    on sm_90/sm_100, 163 KB on sm_80, 99 KB on sm_86/sm_89). ``static_persistent``
-    keeps rows the same way.
-
-    Rows that fit neither (e.g. N = 131072 in bf16, 65536 in fp32) are split on
-    sm_90 and newer across a thread-block cluster of up to 8 CTAs, each caching
-    a slice of at most 32 KB, whose statistics meet through distributed shared
-    memory (``explain(...)["cluster"]`` CTAs per row): x is still read once. On
-    older GPUs, and for rows too wide even for 8 slices, they are re-read in
-    every mode.
-
-    The backward (one design whatever the forward mode) keeps each row's x and dy
-    on chip too: in registers, or, for 16-bit rows of 7168 elements or more,
-    staged through a two-stage shared-memory ring whose next row is already
-    being copied while the current one is reduced (``explain(...)["backward"]
-    ["staged"]``). On sm_90 and newer, staged rows run as row clusters of two CTAs
-    (LayerNorm from half the SMs' row blocks up; one gradient on rows of 8192 or
-    more, up to 8 row blocks an SM) whose dW / dB column sums meet in distributed
-    shared memory, so each pair writes one partial row (``["backward"]
-    ["row_cluster"]``); elsewhere, with few rows, staged rows share at most
-    max(SMs / 2, row blocks / k) CTAs (k = 2 for dW alone, 8 for dW and dB), which
-    write fewer partial dW rows (``["backward"]["max_ctas"]``). When one row block holds every row, its
-    CTA (or cluster) writes dW / dB itself and no column reduce runs
-    (``["backward"]["direct_grads"]``). Grids of more than one register row
-    (past 512 elements; not one CTA sized to its few rows) with at most one row
-    block an SM and a few rows to sum (at most 4 per row lane of a CTA) add
-    column CTAs to the same launch: the row CTAs compute dx only, and the column
-    CTAs sum dW / dB over every row from the saved statistics and write them, so
-    no partial rows or column reduce exist (``["backward"]["column_grads"]``,
-    ``["column_ctas"]``); such grids run on 256-thread CTAs.
-    On sm_90 and newer it splits float32 rows of more than 8192
-    elements, and 16-bit rows of up to 65536 that one CTA does not hold, across a
-    cluster the same way (16-bit slices of 4096 elements, staged). Wider rows
-    run a split design that streams them twice. On sm_90 and newer the kernels
-    that follow the first (the column reduce of the dW/dB partials, and the split
-    design's column kernel) are launched programmatically: their CTAs are
-    scheduled while the previous kernel drains and wait for it on the GPU, which
-    hides the launch gap between them (``["backward"]["programmatic_launch"]``).
+    The designs behind each mode, how the planner ranks them and how to force
+    one: docs/designs.md; ``rtcnorm.explain(...)`` shows the ranked candidates.
     """
 
     __slots__ = ()
