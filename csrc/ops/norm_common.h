@@ -11,8 +11,8 @@
 
 #include "ops/norm/kernel_families.h"
 #include "ops/norm/launch_geometry.h"
-#include "ops/norm_checks.h"
 #include "ops/norm/plan/planner.h"
+#include "ops/norm_checks.h"
 
 namespace rtcnorm::jit {
 struct LoadedKernel;
