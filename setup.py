@@ -81,7 +81,7 @@ def generate_embedded_sources() -> Path:
 UNITY_GROUPS = {
     "unity_autograd_ops": [
         "ops/norm_autograd.cpp",
-        "ops/softmax_autograd.cpp",
+        "ops/softmax/softmax_autograd.cpp",
         "ops/rms_norm.cpp",
         "ops/layer_norm.cpp",
         "registration.cpp",
@@ -89,12 +89,12 @@ UNITY_GROUPS = {
     "unity_shared_ops": [
         "python_bindings.cpp",
         "bindings/softmax.cpp",
-        "ops/softmax.cpp",
-        "ops/softmax_cpu.cpp",
+        "ops/softmax/softmax.cpp",
+        "ops/softmax/softmax_cpu.cpp",
         "ops/norm_cpu.cpp",
         "ops/norm_common.cpp",
         "ops/norm_checks.cpp",
-        "ops/softmax_checks.cpp",
+        "ops/softmax/softmax_checks.cpp",
         "arg_check_bindings.cpp",
         "ops/grid_exchange_buffers.cpp",
     ],

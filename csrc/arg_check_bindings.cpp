@@ -1,4 +1,4 @@
-// The ops' argument checks (ops/norm_checks.h, ops/softmax.h) as rtcnorm._C
+// The ops' argument checks (ops/norm_checks.h, ops/softmax/softmax.h) as rtcnorm._C
 // functions: the fake impls in python/rtcnorm/_ops.py and _softmax_ops.py
 // and explain() call them, so torch.compile and export refuse a call with
 // the message the real impl gives. Tensors may be fake (symbolic sizes);
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ops/norm_checks.h"
-#include "ops/softmax.h"
+#include "ops/softmax/softmax.h"
 
 namespace py = pybind11;
 

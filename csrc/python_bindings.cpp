@@ -23,7 +23,7 @@
 #include "ops/grid_exchange_buffers.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan_memo.h"
-#include "ops/softmax.h"
+#include "ops/softmax/softmax.h"
 #include "ops/variants.h"
 
 namespace py = pybind11;

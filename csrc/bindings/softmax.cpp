@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "ops/softmax.h"
 #include "ops/softmax/plan/planner.h"
+#include "ops/softmax/softmax.h"
 
 namespace py = pybind11;
 

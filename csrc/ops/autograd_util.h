@@ -1,5 +1,5 @@
 // Helpers shared by the C++ autograd registrations (norm_autograd.cpp,
-// softmax_autograd.cpp).
+// softmax/softmax_autograd.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

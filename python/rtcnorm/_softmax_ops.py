@@ -2,7 +2,7 @@
 
 Schemas are defined in C++ (csrc/registration.cpp). Each fake impl first runs
 the real impls' own argument check (``_C._check_softmax_*``, from
-csrc/ops/softmax_checks.cpp), so torch.compile and export refuse a bad call
+csrc/ops/softmax/softmax_checks.cpp), so torch.compile and export refuse a bad call
 while tracing, with the op's own message (symbolic sizes are checked the way
 ``torch._check`` checks them), then returns a contiguous tensor like the real
 ones.
@@ -54,4 +54,4 @@ def _scaled_softmax_backward_fake(grad_output, output, scale, causal=False):
 
 
 # Autograd for the four softmax ops is registered in C++
-# (csrc/ops/softmax_autograd.cpp): a Python wrapper would add host time per call.
+# (csrc/ops/softmax/softmax_autograd.cpp): a Python wrapper would add host time per call.

@@ -1,4 +1,4 @@
-// Argument checks of the softmax family (ops/softmax.h): the same calls are
+// Argument checks of the softmax family (ops/softmax/softmax.h): the same calls are
 // refused with the same messages by the CPU and CUDA impls and the fake impls.
 #include <c10/core/SymBool.h>
 #include <c10/core/SymInt.h>
@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "ops/norm_checks.h"
-#include "ops/softmax.h"
+#include "ops/softmax/softmax.h"
 
 namespace rtcnorm {
 namespace {

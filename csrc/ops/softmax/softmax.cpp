@@ -1,10 +1,10 @@
 // torch.ops.rtcnorm.scaled_softmax, scaled_masked_softmax,
 // scaled_upper_triang_masked_softmax, scaled_aligned_causal_masked_softmax
 // and scaled_softmax_backward: the CUDA path and each op's entry, which
-// checks the arguments (ops/softmax_checks.cpp) before either path. Schemas
+// checks the arguments (ops/softmax/softmax_checks.cpp) before either path. Schemas
 // live in csrc/registration.cpp; autograd and fake implementations in
 // python/rtcnorm/_softmax_ops.py.
-#include "ops/softmax.h"
+#include "ops/softmax/softmax.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>

@@ -1,6 +1,6 @@
 // CPU implementations of the softmax family, with ATen ops in fp32 (fp64 for
 // fp64 input). They define the semantics the CUDA kernels are tested against
-// (see ops/softmax.h) and serve CPU tensors, gradcheck included.
+// (see ops/softmax/softmax.h) and serve CPU tensors, gradcheck included.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/empty.h>
@@ -11,7 +11,7 @@
 
 #include <limits>
 
-#include "ops/softmax.h"
+#include "ops/softmax/softmax.h"
 
 namespace rtcnorm {
 namespace {

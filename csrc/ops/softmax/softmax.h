@@ -34,7 +34,7 @@ struct SoftmaxDims {
 };
 
 // Every argument check of a softmax forward call (mask: scaled_masked_softmax's,
-// else nullptr) and of the backward, in ops/softmax_checks.cpp: ONE
+// else nullptr) and of the backward, in ops/softmax/softmax_checks.cpp: ONE
 // implementation for the CPU and CUDA impls and the fake impls
 // (python/rtcnorm/_softmax_ops.py, through rtcnorm._C). Symbolic sizes are
 // checked as ops/norm_checks.h says. `cuda` selects the CUDA path's rules
