@@ -38,7 +38,6 @@ if BENCH_DIR not in sys.path:  # sibling modules import the same way from a scri
 from peers import PEER_LOADERS, peer, peer_status, reason  # noqa: E402,F401  (re-exported: part of this API)
 
 REPO_DIR = os.path.dirname(BENCH_DIR)
-RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 SHAPES_PATH = os.path.join(BENCH_DIR, "bench_shapes.json")
 FLUSH_BYTES = 256 << 20  # well above the 50 MB L2 of an H100
 
@@ -327,7 +326,9 @@ def progress(items, desc: str = "", label=None):
 
 # ---- tables (benchmarks/tables.py, re-exported: part of this API) ---------------
 
-from tables import Table, _is_num, _num  # noqa: E402,F401
+from tables import RESULTS_DIR, Table, _is_num, _num, set_environment  # noqa: E402,F401
+
+set_environment(environment)
 
 
 def jit_cost(*args, **kwargs) -> dict:

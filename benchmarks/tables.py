@@ -12,6 +12,15 @@ import math
 import os
 import sys
 
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The run's environment saved beside every table: harness.environment, set by harness.
+_environment = dict
+
+
+def set_environment(fn) -> None:
+    global _environment
+    _environment = fn
+
 
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v))
@@ -72,8 +81,6 @@ class Table:
         """Write results/<name>.csv, .json and .md, plus .png when matplotlib imports.
         `plot` may name `y` (the columns plotted), `x` (the columns labelling a row;
         default the first), `facet` (one subplot per value), `ylabel` and `title`."""
-        from harness import RESULTS_DIR, environment
-
         os.makedirs(RESULTS_DIR, exist_ok=True)
         base = os.path.join(RESULTS_DIR, name)
         with open(base + ".csv", "w", newline="") as f:
@@ -81,7 +88,7 @@ class Table:
             w.writeheader()
             w.writerows(self.rows)
         with open(base + ".json", "w") as f:
-            doc = {"title": self.title, "meta": {**environment(), **(meta or {})}, "columns": self.columns}
+            doc = {"title": self.title, "meta": {**_environment(), **(meta or {})}, "columns": self.columns}
             json.dump({**doc, "rows": self.rows}, f, indent=1, default=str)
         with open(base + ".md", "w") as f:
             f.write(self.markdown())

@@ -29,13 +29,13 @@ def add_parser(sub, shape_type, dtype_type, ops) -> None:
 
 
 def run(args) -> int:
-    from .cli import CliError
     from .tuning import tune
 
+    # The CLI prints a RuntimeError as one line and exits 1.
     if not torch.cuda.is_available():
-        raise CliError("tune needs a CUDA GPU and none is visible")
+        raise RuntimeError("tune needs a CUDA GPU and none is visible")
     if args.reps < 1:
-        raise CliError(f"--reps must be at least 1, got {args.reps}")
+        raise RuntimeError(f"--reps must be at least 1, got {args.reps}")
     jobs = [(op, shape) for shape in args.shapes for op in args.ops]
     try:
         from tqdm import tqdm

@@ -130,13 +130,14 @@ def tune(
         b = torch.randn(n, device=dev, dtype=wdtype, requires_grad=True) if bias else None
         r = torch.randn(rows, n, device=dev, dtype=dtype, requires_grad=True) if residual else None
         flush = torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
-        from .functional import layer_norm, rms_norm
+        ops = torch.ops.rtcnorm
 
-        def forward():
+        def forward():  # the ops the functional forms and modules call
             if op == "layer_norm":
-                return layer_norm(x, n, w, b, 1e-5, mode=mode, zero_centered_gamma=zero_centered_gamma)
-            out = rms_norm(x, n, w, 1e-6, mode=mode, zero_centered_gamma=zero_centered_gamma, residual=r)
-            return out[0] if residual else out
+                return ops.layer_norm(x, (n,), w, b, 1e-5, mode, zero_centered_gamma)[0]
+            if residual:
+                return ops.add_rms_norm(x, r, (n,), w, 1e-6, mode, zero_centered_gamma)[0]
+            return ops.rms_norm(x, (n,), w, 1e-6, mode, zero_centered_gamma)[0]
 
         params = tuple(t for t in (x, w, b, r) if t is not None)
         grad = torch.randn(rows, n, device=dev, dtype=dtype)
