@@ -45,15 +45,4 @@ std::string trace_text(const PlanTrace& t, const char* what) {
 std::string explain_fwd(const NormFwdPlan& plan) { return trace_text<FwdDesign>(plan.trace, "forward:"); }
 std::string explain_bwd(const NormBwdPlan& plan) { return trace_text<BwdDesign>(plan.trace, "backward:"); }
 
-std::string describe_override(bool forward, const NormOverride& o) {
-  std::ostringstream os;
-  if (o.design >= 0)
-    os << "design="
-       << (forward ? design_name(static_cast<FwdDesign>(o.design)) : design_name(static_cast<BwdDesign>(o.design)));
-  for (int k = 0; k < kKnobCount; ++k)
-    if ((o.set >> k & 1u) != 0)
-      os << " " << knob_name(static_cast<Knob>(k)) << "=" << o.knobs.get(static_cast<Knob>(k));
-  return os.str();
-}
-
 }  // namespace rtcnorm

@@ -79,7 +79,6 @@ void set_norm_override(bool forward, const NormOverride& o);
 const NormOverride& norm_override(bool forward);
 // Parses a design name (FwdDesign or BwdDesign); -1 when unknown.
 int design_from_name(bool forward, const std::string& name);
-std::string describe_override(bool forward, const NormOverride& o);
 
 // explain(): the plan's trace as text (only on request, never on launches).
 std::string explain_fwd(const NormFwdPlan& plan);
