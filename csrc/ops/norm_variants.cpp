@@ -46,11 +46,13 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         std::vector<int64_t> row_counts = {int64_t(1) << 16, 1, 2, 32, std::max<int64_t>(1, under_l1), under_l1 + 1};
         for (int64_t rows_per_cta = 1; rows_per_cta <= 128; rows_per_cta *= 4)
           for (int64_t per_sm : {1, 4}) row_counts.push_back(per_sm * 132 * rows_per_cta);
-        // Rows of one stride and of two (the general row map) differ on
-        // grids of lone CTAs (kSingleStride).
+        // Contiguous rows (one stride, kSingleStride) at every row count; rows
+        // of two strides (heads sliced out of a fused projection) at a full
+        // grid and at one row.
         for (int res = 0; res <= int(!ln); ++res)
           for (int64_t rows : row_counts)
             for (bool one_stride : {true, false}) {
+              if (!one_stride && rows != (int64_t(1) << 16) && rows != 1) continue;
               p.residual = res;
               p.rows = rows;
               p.single_stride = one_stride;
@@ -58,13 +60,10 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
             }
         p.residual = false;
         p.single_stride = true;
-        // Besides the full grid's backward, that of one row (a CTA of one row
-        // group, writing the gradients directly: kDirectGrads), of two and
-        // four rows (RMSNorm's few 16-bit rows: one CTA sized to them; else
-        // column CTAs beside 256-thread row CTAs), of two row blocks (one per
-        // CTA: gamma loaded beside the row), of 32 rows (column CTAs writing
-        // dW / dB beside the row CTAs) and of one row block an SM (sm_90+
-        // staged rows: row clusters of two) are kernels of their own.
+        // Besides the full grid's backward, that of one row (one CTA writing
+        // the gradients directly: kDirectGrads), of few rows (column CTAs
+        // beside the row CTAs, or a row sliced over a cluster), and of two row
+        // blocks and one row block an SM are kernels of their own.
         for (int dw = 0; dw <= int(has_w); ++dw)
           for (int db = 0; db <= int(has_b); ++db)
             for (int dh = 0; dh <= int(!ln); ++dh) {
@@ -74,6 +73,7 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
               for (int64_t blocks : {2, 132}) bwd_rows.push_back(blocks * full.key.rows_per_cta);
               for (int64_t rows : bwd_rows)
                 for (bool one_stride : {true, false}) {
+                  if (!one_stride && rows != (int64_t(1) << 16) && rows != 1) continue;
                   p.rows = rows;
                   p.single_stride = one_stride;
                   const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, 132, arch);
