@@ -21,22 +21,21 @@ namespace {
 
 py::object (*g_ptxas)(const jit::KernelKey&) = nullptr;
 
-template <typename Design>
-py::dict knobs_dict(Design d, const Knobs& k) {
+// The knobs in `mask` (bit k: Knob k) and their values.
+py::dict knobs_dict(unsigned mask, const Knobs& k) {
   py::dict out;
   for (int i = 0; i < kKnobCount; ++i)
-    if (declares(d, static_cast<Knob>(i))) out[knob_name(static_cast<Knob>(i))] = k.get(static_cast<Knob>(i));
+    if ((mask >> i & 1u) != 0) out[knob_name(static_cast<Knob>(i))] = k.get(static_cast<Knob>(i));
   return out;
 }
 
 // The ranked candidates of a trace: the fields plan tests assert on.
-template <typename Design>
-py::list candidates_list(const PlanTrace& t) {
+py::list candidates_list(const PlanTrace& t, bool forward) {
   py::list out;
   for (const Candidate& c : t.ranked) {
     py::dict d;
-    d["design"] = design_name(static_cast<Design>(c.design));
-    d["knobs"] = knobs_dict(static_cast<Design>(c.design), c.knobs);
+    d["design"] = design_name(forward, c.design);
+    d["knobs"] = knobs_dict(declared_knobs(forward, c.design), c.knobs);
     d["us"] = c.us;
     d["bytes"] = c.bytes;
     d["efficiency"] = c.efficiency;
@@ -112,11 +111,11 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   py::dict d;
   d["op"] = op;
   d["requested_mode"] = mode.has_value() ? py::cast(*mode) : py::none();
-  d["design"] = design_name(f.design);
-  d["knobs"] = knobs_dict(f.design, f.knobs);
+  d["design"] = design_name(true, static_cast<int>(f.design));
+  d["knobs"] = knobs_dict(declared_knobs(true, static_cast<int>(f.design)), f.knobs);
   d["mode"] = mode_name(f.mode);
   d["reason"] = explain_fwd(f);
-  d["candidates"] = candidates_list<FwdDesign>(f.trace);
+  d["candidates"] = candidates_list(f.trace, true);
   d["cost_us"] = f.cost_us;
   d["tuned"] = f.trace.tuned;
   d["cached_row"] = f.cached;
@@ -138,10 +137,10 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
         f.persistent ? py::cast("SMs x occupancy (resolved at launch)") : py::cast(f.row_blocks * f.key.cluster);
   }
   py::dict bd;
-  bd["design"] = design_name(b.design);
-  bd["knobs"] = knobs_dict(b.design, b.knobs);
+  bd["design"] = design_name(false, static_cast<int>(b.design));
+  bd["knobs"] = knobs_dict(declared_knobs(false, static_cast<int>(b.design)), b.knobs);
   bd["reason"] = explain_bwd(b);
-  bd["candidates"] = candidates_list<BwdDesign>(b.trace);
+  bd["candidates"] = candidates_list(b.trace, false);
   bd["cost_us"] = b.cost_us;
   bd["tuned"] = b.trace.tuned;
   bd["cached_row"] = b.cached;
@@ -183,9 +182,7 @@ NormOverride parse_override(bool forward, const std::optional<std::string>& desi
     o.design = design_from_name(forward, *design);
     if (o.design < 0) {
       std::string valid;
-      for (int i = 0; i < (forward ? kFwdDesignCount : kBwdDesignCount); ++i)
-        valid += std::string(i ? ", " : "") +
-                 (forward ? design_name(static_cast<FwdDesign>(i)) : design_name(static_cast<BwdDesign>(i)));
+      for (int i = 0; i < design_count(forward); ++i) valid += std::string(i ? ", " : "") + design_name(forward, i);
       throw py::value_error(std::string("rtcnorm._tuning: unknown ") + dir + " norm design '" + *design +
                             "'; valid: " + valid);
     }
@@ -196,10 +193,8 @@ NormOverride parse_override(bool forward, const std::optional<std::string>& desi
     for (int i = 0; i < kKnobCount; ++i)
       if (name == knob_name(static_cast<Knob>(i))) knob = i;
     bool declared = false;
-    for (int d = 0; knob >= 0 && d < (forward ? kFwdDesignCount : kBwdDesignCount); ++d)
-      if ((o.design < 0 || o.design == d) && (forward ? declares(static_cast<FwdDesign>(d), static_cast<Knob>(knob))
-                                                      : declares(static_cast<BwdDesign>(d), static_cast<Knob>(knob))))
-        declared = true;
+    for (int d = 0; knob >= 0 && d < design_count(forward); ++d)
+      if ((o.design < 0 || o.design == d) && (declared_knobs(forward, d) >> knob & 1u) != 0) declared = true;
     if (!declared)
       throw py::value_error("rtcnorm._tuning: the " + std::string(dir) + " knob '" + name + "' is not declared by " +
                             (o.design >= 0 ? std::string("the forced design") : std::string("any design")) +
@@ -227,27 +222,20 @@ void bind_norm(py::module_& m, py::object (*ptxas)(const jit::KernelKey&)) {
   m.def("norm_designs", [](const std::string& direction) {
     const bool fwd = parse_direction(direction);
     py::dict d;
-    for (int i = 0; i < (fwd ? kFwdDesignCount : kBwdDesignCount); ++i) {
+    for (int i = 0; i < design_count(fwd); ++i) {
       py::list knobs;
       for (int j = 0; j < kKnobCount; ++j)
-        if (fwd ? declares(static_cast<FwdDesign>(i), static_cast<Knob>(j))
-                : declares(static_cast<BwdDesign>(i), static_cast<Knob>(j)))
-          knobs.append(knob_name(static_cast<Knob>(j)));
-      d[fwd ? design_name(static_cast<FwdDesign>(i)) : design_name(static_cast<BwdDesign>(i))] = knobs;
+        if ((declared_knobs(fwd, i) >> j & 1u) != 0) knobs.append(knob_name(static_cast<Knob>(j)));
+      d[design_name(fwd, i)] = knobs;
     }
     return d;
   });
   m.def("_norm_override", [](const std::string& direction) {
     const bool fwd = parse_direction(direction);
     const NormOverride& o = norm_override(fwd);
-    py::dict knobs;
-    for (int j = 0; j < kKnobCount; ++j)
-      if ((o.set >> j & 1u) != 0) knobs[knob_name(static_cast<Knob>(j))] = o.knobs.get(static_cast<Knob>(j));
     py::dict d;
-    d["design"] = o.design < 0 ? py::none()
-                               : py::cast(fwd ? design_name(static_cast<FwdDesign>(o.design))
-                                              : design_name(static_cast<BwdDesign>(o.design)));
-    d["knobs"] = knobs;
+    d["design"] = o.design < 0 ? py::none() : py::cast(design_name(fwd, o.design));
+    d["knobs"] = knobs_dict(o.set, o.knobs);
     return d;
   });
   // rtcnorm.tune: keeps a measured choice for one exact problem on `device`'s GPU model.

@@ -37,13 +37,12 @@ constexpr unsigned kBwdKnobs[kBwdDesignCount] = {
 
 }  // namespace
 
-const char* design_name(FwdDesign d) { return kFwdNames[static_cast<int>(d)]; }
-const char* design_name(BwdDesign d) { return kBwdNames[static_cast<int>(d)]; }
+int design_count(bool forward) { return forward ? kFwdDesignCount : kBwdDesignCount; }
+const char* design_name(bool forward, int design) { return forward ? kFwdNames[design] : kBwdNames[design]; }
 const char* knob_name(Knob k) { return kKnobNames[static_cast<int>(k)]; }
 int Knobs::get(Knob k) const { return this->*kFields[static_cast<int>(k)]; }
 void Knobs::set(Knob k, int v) { this->*kFields[static_cast<int>(k)] = v; }
-bool declares(FwdDesign d, Knob k) { return (kFwdKnobs[static_cast<int>(d)] & bit(k)) != 0; }
-bool declares(BwdDesign d, Knob k) { return (kBwdKnobs[static_cast<int>(d)] & bit(k)) != 0; }
+unsigned declared_knobs(bool forward, int design) { return forward ? kFwdKnobs[design] : kBwdKnobs[design]; }
 
 int threads_per_row(int64_t nvec, int nv) {
   const int64_t want = ceil_div(nvec, std::max(1, nv));

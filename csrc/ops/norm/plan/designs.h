@@ -30,8 +30,9 @@ enum class BwdDesign : uint8_t {
   kColumnGrads,  // few row blocks: row CTAs write dx, column CTAs beside them dW / dB over every row
 };
 constexpr int kFwdDesignCount = 4, kBwdDesignCount = 5;
-const char* design_name(FwdDesign d);
-const char* design_name(BwdDesign d);
+// The designs of a direction (forward: FwdDesign, backward: BwdDesign) by index.
+int design_count(bool forward);
+const char* design_name(bool forward, int design);
 
 // The knobs a design may declare. 0 / false is "not set" for overrides.
 enum class Knob : uint8_t {
@@ -92,8 +93,8 @@ void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std
 // The split backward's per-row coefficient kernel for a problem.
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs each design declares (overrides of any other knob are refused).
-bool declares(FwdDesign d, Knob k);
-bool declares(BwdDesign d, Knob k);
+// (bit k: Knob k; `design` must be below design_count(forward)).
+unsigned declared_knobs(bool forward, int design);
 
 // Threads per row for `nvec` vectors at about `nv` vectors a thread: a power
 // of two up to a warp (butterfly reductions), else a multiple of 32 (at most

@@ -27,14 +27,9 @@ bool matches(const Candidate& c, int design, const Knobs& knobs, unsigned set) {
 // forced design cannot run this problem, which plans as usual).
 void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& cands, PlanTrace& trace) {
   const NormOverride& o = override_slot(forward);
-  const int designs = forward ? kFwdDesignCount : kBwdDesignCount;
-  const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < designs;
-  unsigned declared = 0;  // the tuned design's knobs
-  for (int k = 0; use_tuned && k < kKnobCount; ++k)
-    if (forward ? declares(static_cast<FwdDesign>(tuned->design), static_cast<Knob>(k))
-                : declares(static_cast<BwdDesign>(tuned->design), static_cast<Knob>(k)))
-      declared |= 1u << k;
+  const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < design_count(forward);
   if (!o.any() && !use_tuned) return;
+  const unsigned declared = use_tuned ? declared_knobs(forward, tuned->design) : 0u;
   std::vector<Candidate> kept;
   for (const Candidate& c : cands)
     if (use_tuned ? matches(c, tuned->design, tuned->knobs, declared) : matches(c, o.design, o.knobs, o.set))
@@ -64,11 +59,8 @@ const NormOverride& norm_override(bool forward) { return override_slot(forward);
 void set_norm_override(bool forward, const NormOverride& o) { override_slot(forward) = o; }
 
 int design_from_name(bool forward, const std::string& name) {
-  const int n = forward ? kFwdDesignCount : kBwdDesignCount;
-  for (int d = 0; d < n; ++d) {
-    const char* s = forward ? design_name(static_cast<FwdDesign>(d)) : design_name(static_cast<BwdDesign>(d));
-    if (name == s) return d;
-  }
+  for (int d = 0; d < design_count(forward); ++d)
+    if (name == design_name(forward, d)) return d;
   return -1;
 }
 
