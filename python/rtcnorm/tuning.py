@@ -27,6 +27,7 @@ import torch
 
 from . import _C
 from ._tuning import norm_get, norm_override
+from .modes import dtype_name, explain
 
 _OPS = ("rms_norm", "layer_norm")
 _MODE_BITS = {None: 0, "static_persistent": 1, "multi_wave_reload": 2, "multi_wave_cached": 3}
@@ -57,8 +58,9 @@ def _device_ms(fn, reps: int, flush: torch.Tensor) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def _candidates(direction: str, plan_of) -> list[dict]:
-    """The planner's pick, its ranked runners-up, and the cheapest of every design."""
+def _candidates(direction: str, picked: dict, plan_of) -> list[dict]:
+    """The planner's pick and its ranked runners-up (`picked`, the plan in
+    force), and the cheapest of every design (`plan_of()` under an override)."""
     seen, out = set(), []
 
     def add(c):
@@ -67,7 +69,7 @@ def _candidates(direction: str, plan_of) -> list[dict]:
             seen.add(sig)
             out.append({"design": c["design"], "knobs": dict(c["knobs"]), "model_us": c["us"]})
 
-    for c in plan_of()["candidates"]:
+    for c in picked["candidates"]:
         add(c)
     for design in _C.norm_designs(direction):
         with norm_override(direction, design):
@@ -143,8 +145,6 @@ def tune(
         grad = torch.randn(rows, n, device=dev, dtype=dtype)
 
         def plan_of(direction):
-            from .modes import explain
-
             e = explain(
                 op,
                 (rows, n),
@@ -174,7 +174,7 @@ def tune(
 
             picked = plan_of(direction)
             timed = []
-            for c in _candidates(direction, lambda d=direction: plan_of(d)):
+            for c in _candidates(direction, picked, lambda d=direction: plan_of(d)):
                 with norm_override(direction, c["design"], **c["knobs"]):
                     timed.append({**c, "ms": _device_ms(run, reps, flush)})
             default_ms = _device_ms(run, reps, flush)
@@ -185,8 +185,8 @@ def tune(
                 op,
                 rows,
                 n,
-                _dtype_name(dtype),
-                _dtype_name(wdtype),
+                dtype_name(dtype),
+                dtype_name(wdtype),
                 True,
                 bias,
                 zero_centered_gamma,
@@ -206,12 +206,6 @@ def tune(
                 "candidates": timed,
             }
     return report
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    from .modes import dtype_name
-
-    return dtype_name(dtype)
 
 
 def maybe_autotune(op: str, input: torch.Tensor, weight, bias, residual, mode, zero_centered_gamma) -> None:
