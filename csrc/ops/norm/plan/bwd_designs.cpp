@@ -23,17 +23,6 @@ unsigned grad_flags(const NormProblem& p, const BwdWants& w) {
          (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u) | (p.single_stride ? kSingleStride : 0u);
 }
 
-jit::KernelKey base_key(const NormProblem& p, const jit::KernelFamily* fam, int arch) {
-  jit::KernelKey k;
-  k.family = fam;
-  k.dtype = p.dtype;
-  k.wdtype = p.has_weight || p.has_bias ? p.wdtype : p.dtype;
-  k.hidden = static_cast<int32_t>(p.hidden);
-  k.arch = static_cast<int16_t>(arch);
-  k.vec = static_cast<int16_t>(p.vec());
-  return k;
-}
-
 // Registers a thread holding `elems` elements of x and dy (and dh) needs: the
 // raw values, an fp32 accumulator per gradient, a float of working values
 // each, and about 32 for the rest; with the first pass's terms kept as
@@ -89,7 +78,7 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
           c.row_blocks = row_blocks;
           c.smem = smem;
           jit::KernelKey& k = c.key;
-          k = base_key(p, bwd_family(p.kind), gpu.arch);
+          k = norm_key(p, bwd_family(p.kind), gpu.arch);
           k.threads_per_row = static_cast<int16_t>(tpr);
           k.rows_per_cta = static_cast<int16_t>(rows);
           k.vecs_per_thread = static_cast<int16_t>(nv);
@@ -178,7 +167,7 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
     c.regs = 40 + rows_in_flight * vec * p.esize() * (w.dh ? 3 : 2) / 4 + vec * w.accums();
     if (c.regs > regs_at(c.knobs.cta_threads, c.knobs.blocks_per_sm)) continue;  // would spill
     jit::KernelKey& k = c.key;
-    k = base_key(p, split_cols_family(p.kind), gpu.arch);
+    k = norm_key(p, split_cols_family(p.kind), gpu.arch);
     k.threads_per_row = static_cast<int16_t>(c.knobs.cta_threads);
     k.vecs_per_thread = static_cast<int16_t>(rows_in_flight);
     k.flags = grad_flags(p, w) | kStreamStore;
@@ -190,7 +179,7 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
 }  // namespace
 
 jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
-  jit::KernelKey c = base_key(p, split_coef_family(p.kind), arch);
+  jit::KernelKey c = norm_key(p, split_coef_family(p.kind), arch);
   const int64_t nvec = p.nvec();
   const int tpr = threads_per_row(nvec, kSplitCoefVecs);
   c.threads_per_row = static_cast<int16_t>(tpr);

@@ -44,6 +44,17 @@ int Knobs::get(Knob k) const { return this->*kFields[static_cast<int>(k)]; }
 void Knobs::set(Knob k, int v) { this->*kFields[static_cast<int>(k)] = v; }
 unsigned declared_knobs(bool forward, int design) { return forward ? kFwdKnobs[design] : kBwdKnobs[design]; }
 
+jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch) {
+  jit::KernelKey k;
+  k.family = family;
+  k.dtype = p.dtype;
+  k.wdtype = p.has_weight || p.has_bias ? p.wdtype : p.dtype;
+  k.hidden = static_cast<int32_t>(p.hidden);
+  k.arch = static_cast<int16_t>(arch);
+  k.vec = static_cast<int16_t>(p.vec());
+  return k;
+}
+
 int threads_per_row(int64_t nvec, int nv) {
   const int64_t want = ceil_div(nvec, std::max(1, nv));
   if (want <= 32) return static_cast<int>(pow2_ceil(want));

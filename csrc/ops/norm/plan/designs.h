@@ -90,6 +90,9 @@ struct Candidate {
 // unless `every` (a forced design: every feasible candidate).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every);
+// A kernel of `family` for the problem: its types, width, widest vector and
+// arch; the design fills in the layout and flags.
+jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch);
 // The split backward's per-row coefficient kernel for a problem.
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs each design declares (overrides of any other knob are refused).

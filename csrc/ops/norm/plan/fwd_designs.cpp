@@ -56,13 +56,7 @@ Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_th
 }
 
 jit::KernelKey key_of(const NormProblem& p, const Layout& l, int nv, unsigned flags, int blocks, int arch) {
-  jit::KernelKey k;
-  k.family = fwd_family(p.kind);
-  k.dtype = p.dtype;
-  k.wdtype = p.has_weight || p.has_bias ? p.wdtype : p.dtype;
-  k.hidden = static_cast<int32_t>(p.hidden);
-  k.arch = static_cast<int16_t>(arch);
-  k.vec = static_cast<int16_t>(l.vec);
+  jit::KernelKey k = norm_key(p, fwd_family(p.kind), arch);
   k.threads_per_row = static_cast<int16_t>(l.tpr);
   k.rows_per_cta = static_cast<int16_t>(l.rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
@@ -81,7 +75,7 @@ unsigned memory_flags(const NormProblem& p) {
 // LayerNorm statistics of a row held in registers: two passes over it (the
 // mean, then squared deviations); merging (count, mean, M2) in one pass ran
 // at half the bandwidth on rows of more than two warps (H200).
-bool two_pass_stats(const NormProblem& p, int /*tpr*/) { return p.kind == kLayerNorm; }
+bool two_pass_stats(const NormProblem& p) { return p.kind == kLayerNorm; }
 
 // gamma / beta: loaded into registers beside x where a thread holds at most
 // two vectors, else prefetched into L1 beside the row where CTAs are few.
@@ -128,7 +122,7 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
         const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), c.regs);
         if (regs_at(l.threads, blocks) < c.regs) continue;  // would spill
         const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
-        unsigned flags = kCachedRow | memory_flags(p) | (two_pass_stats(p, l.tpr) ? kTwoPassStats : 0u) |
+        unsigned flags = kCachedRow | memory_flags(p) | (two_pass_stats(p) ? kTwoPassStats : 0u) |
                          (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
         c.knobs.vecs_per_thread = l.nv;
         c.knobs.cta_threads = l.threads;
