@@ -223,7 +223,6 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
       grid_exchange_words(plan.key, grid, kind == kLayerNorm ? 3 : 1, plan.row_blocks, input, stream);
   prm.exchange = exchange.words;
   prm.exchange_base = exchange.tag_base;
-  if (plan.prefetch_ahead) prm.prefetch_ahead = int64_t{info.sm_count} * std::max(1, k.blocks_per_sm);
   jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, false,
               grid_exchange);
   return out;
@@ -294,8 +293,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   check_grid_group_fits(op, plan.key, k, info.sm_count, "bwd_grid_exchange");
   const int64_t grid = plan.split     ? split.col_tiles
                        : column_grads ? plan.row_blocks + plan.col_ctas
-                                      : norm_grid(bwd_grid_row_blocks(plan), true, info.sm_count, k,
-                                                  bwd_max_units(plan, info.sm_count), group_ctas);
+                                      : norm_grid(plan.row_blocks, true, info.sm_count, k, plan.max_units, group_ctas);
   const int64_t parts = plan.split ? split.row_tiles : grid / grid_unit_ctas(plan.key);
   // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself.
   const bool direct = (plan.key.flags & kDirectGrads) != 0;

@@ -149,9 +149,8 @@ struct NormFwdParams {
   void* h;             // contiguous rows x N, written when kResidual
   unsigned* exchange;  // kGridExchange: tagged partials (ops/grid_exchange_buffers.h)
   // kPrefetchNext: row blocks from a CTA's row block to the one it prefetches
-  // into L2. 0: the grid's stride (a grid-stride loop's own next row block);
-  // a multi-wave grid passes the CTAs the device holds at once, so a CTA
-  // fetches the row block the CTA taking its place will load.
+  // into L2; 0 (what the launcher passes): the grid's stride, a grid-stride
+  // loop's own next row block.
   long long prefetch_ahead;
 };
 

@@ -19,8 +19,6 @@ SplitGrid split_grid(const NormBwdPlan& plan, int64_t rows, int sm_count);
 // Persistent grid: every SM full at the kernel's occupancy, never more CTAs
 // than row blocks.
 int64_t persistent_grid(int64_t row_blocks, int sm_count, int blocks_per_sm);
-inline int64_t bwd_max_units(const NormBwdPlan& plan, int /*sm_count*/) { return plan.max_units; }
-inline int64_t bwd_grid_row_blocks(const NormBwdPlan& plan) { return plan.row_blocks; }
 
 // CTAs that split each row's columns (kClusterBits / kCluster16).
 inline int column_slices(unsigned flags) {

@@ -33,7 +33,6 @@ struct NormFwdPlan {
   bool cached = false;  // x is read once (registers or shared memory)
   int64_t row_blocks = 0;
   size_t smem = 0;
-  bool prefetch_ahead = false;  // the launcher's L2 prefetch a device-full ahead (no design sets it)
   double cost_us = 0;
   PlanTrace trace;  // filled when explaining
 };
@@ -52,7 +51,7 @@ struct NormBwdPlan {
   // The persistent grid's units (CTAs, or a row's slices) at most: the
   // cost model's grid, so that the partial rows it priced are those written.
   int64_t max_units = std::numeric_limits<int64_t>::max();
-  int col_vecs = 0;  // column-gradient CTAs: none in this catalogue
+  int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;
   double cost_us = 0;
   PlanTrace trace;
