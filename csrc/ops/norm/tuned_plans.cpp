@@ -43,7 +43,16 @@ std::optional<TunedChoice> decode(const std::string& s) {
 
 struct Store {
   std::mutex mutex;
-  std::unordered_map<std::string, std::optional<TunedChoice>> known;  // misses too, so disk is read once
+  // Misses too, so the disk is read once per problem. Bounded like the plan
+  // memo (it is read only on a memo miss): a stream of ever-new row counts
+  // starts it over rather than growing it (a choice kept in memory only,
+  // persist=False, is then forgotten; stored ones are read again).
+  std::unordered_map<std::string, std::optional<TunedChoice>> known;
+  void remember(const std::string& key, const std::optional<TunedChoice>& c) {
+    if (known.size() >= kKnownEntries) known.clear();
+    known[key] = c;
+  }
+  static constexpr size_t kKnownEntries = 4096;
 };
 
 Store& store() {
@@ -66,7 +75,7 @@ std::optional<TunedChoice> find_tuned(bool forward, const NormProblem& p, unsign
   if (jit::disk_cache_load(dev.arch, key, &entry) == jit::DiskLookup::kHit && entry.lowered_name == kLoweredName)
     found = decode(entry.image);
   std::lock_guard<std::mutex> lock(s.mutex);
-  s.known[key] = found;
+  s.remember(key, found);
   return found;
 }
 
@@ -75,7 +84,7 @@ bool store_tuned(bool forward, const NormProblem& p, unsigned extra, const jit::
   const std::string key = key_text(forward, p, extra, dev);
   {
     std::lock_guard<std::mutex> lock(store().mutex);
-    store().known[key] = c;
+    store().remember(key, c);
   }
   if (!persist) return false;
   jit::CompiledKernel entry;
