@@ -10,6 +10,9 @@ size is known. Then it returns outputs with the real ones' shapes, dtypes and
 (contiguous) strides, so the ops trace without graph breaks.
 """
 
+import functools
+import operator
+
 import torch
 
 from . import _C
@@ -77,3 +80,109 @@ def _layer_norm_backward_fake(
 
 # Autograd for rms_norm, add_rms_norm and layer_norm is registered in C++
 # (csrc/ops/norm_autograd.cpp): a Python wrapper would dominate small shapes.
+
+
+# ---- norm_quant ----------------------------------------------------------------
+
+_QUANT_DTYPES = {
+    "per_tensor": (torch.float8_e4m3fn, torch.float8_e5m2),
+    "per_token": (torch.float8_e4m3fn, torch.float8_e5m2),
+    "mxfp8": (torch.float8_e4m3fn,),
+    "nvfp4": (torch.float4_e2m1fn_x2,),
+}
+_QUANT_BLOCK = {"mxfp8": (32, torch.float8_e8m0fnu), "nvfp4": (16, torch.float8_e4m3fn)}
+
+
+def _check_norm_quant_py(
+    input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode
+):
+    """norm_quant's argument check where the extension has none (_C._check_norm_quant):
+    the same rules, each error naming the argument. Scale values are the real op's to check."""
+    op = "norm_quant"
+    if norm not in ("rms_norm", "layer_norm"):
+        raise ValueError(f"rtcnorm.{op}: norm must be 'rms_norm' or 'layer_norm', got {norm!r}")
+    if recipe not in _QUANT_DTYPES:
+        raise ValueError(f"rtcnorm.{op}: recipe must be one of {', '.join(map(repr, _QUANT_DTYPES))}, got {recipe!r}")
+    allowed = _QUANT_DTYPES[recipe]
+    if out_dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise ValueError(f"rtcnorm.{op}: out_dtype for recipe {recipe!r} must be {names}, got {out_dtype}")
+    if scale_layout not in ("plain", "blocked"):
+        raise ValueError(f"rtcnorm.{op}: scale_layout must be 'plain' or 'blocked', got {scale_layout!r}")
+    if scale_layout == "blocked" and recipe not in _QUANT_BLOCK:
+        raise ValueError(
+            f"rtcnorm.{op}: scale_layout 'blocked' is only for recipes 'mxfp8' and 'nvfp4', not {recipe!r}"
+        )
+    if recipe in ("per_tensor", "nvfp4"):
+        if scale is None:
+            raise ValueError(f"rtcnorm.{op}: scale is required for recipe {recipe!r}")
+        if scale.dtype != torch.float32 or scale.numel() != 1:
+            raise ValueError(
+                f"rtcnorm.{op}: scale must be a one-element float32 tensor, "
+                f"got dtype {scale.dtype} and shape {tuple(scale.shape)}"
+            )
+    elif scale is not None:
+        raise ValueError(f"rtcnorm.{op}: scale must be None for recipe {recipe!r}")
+    if residual is not None and norm != "rms_norm":
+        raise ValueError(f"rtcnorm.{op}: residual is only for norm='rms_norm'")
+    if bias is not None and norm != "layer_norm":
+        raise ValueError(f"rtcnorm.{op}: bias is only for norm='layer_norm'")
+    if input.dtype == torch.float64:
+        raise TypeError(f"rtcnorm.{op}: input must be float32, float16 or bfloat16, got {input.dtype}")
+    base = "add_rms_norm" if residual is not None else norm
+    _C._check_norm_forward(base, input, residual, normalized_shape, weight, bias, eps, mode)
+
+
+def _norm_quant_fake(
+    input,
+    residual,
+    normalized_shape,
+    weight,
+    bias,
+    eps,
+    norm,
+    recipe,
+    out_dtype,
+    scale=None,
+    scale_layout="plain",
+    zero_centered_gamma=False,
+    mode=None,
+):
+    args = (input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode)
+    check = getattr(_C, "_check_norm_quant", _check_norm_quant_py)
+    check(*args)
+    lead = _lead_shape(input, normalized_shape)
+    n = functools.reduce(operator.mul, normalized_shape, 1)
+    rows = functools.reduce(operator.mul, lead, 1)
+    f32 = torch.float32
+    if recipe == "nvfp4":
+        data = input.new_empty((*lead, (n + 1) // 2), dtype=out_dtype)
+    else:
+        data = input.new_empty(input.shape, dtype=out_dtype)
+    if recipe == "per_tensor":
+        scales = input.new_empty((), dtype=f32)
+    elif recipe == "per_token":
+        scales = input.new_empty((*lead, 1), dtype=f32)
+    else:
+        block, sdtype = _QUANT_BLOCK[recipe]
+        blocks = (n + block - 1) // block
+        if scale_layout == "plain":
+            scales = input.new_empty((*lead, blocks), dtype=sdtype)
+        else:
+            scales = input.new_empty((((rows + 127) // 128) * 128 * (((blocks + 3) // 4) * 4),), dtype=sdtype)
+    amax = input.new_empty(() if recipe in ("per_tensor", "nvfp4") else (0,), dtype=f32)
+    h = _empty_like(input) if residual is not None else input.new_empty((0,))
+    mean = input.new_empty(lead if norm == "layer_norm" else (0,), dtype=f32)
+    return data, scales, amax, h, mean, input.new_empty(lead, dtype=f32)
+
+
+def _has_op(name):
+    try:
+        getattr(torch.ops.rtcnorm, name)
+    except AttributeError:
+        return False
+    return True
+
+
+if _has_op("norm_quant"):
+    torch.library.register_fake(_lib + "norm_quant")(_norm_quant_fake)
