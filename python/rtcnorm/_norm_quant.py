@@ -70,6 +70,8 @@ class _NormQuantFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, grad_h):
         x, weight, bias, mean, rstd = ctx.saved_tensors
+        if not ctx.has_residual:
+            grad_h = None  # h is then an empty non-differentiable output (compile may pass zeros for it)
         if grad_y is None and grad_h is None:
             return (None,) * 10
         with torch.no_grad():
