@@ -30,6 +30,17 @@ TORCH_LIBRARY(rtcnorm, m) {
       "int[] normalized_shape, bool zero_centered_gamma, bool weight_grad, bool bias_grad) "
       "-> (Tensor, Tensor, Tensor)");
 
+  // ---- Quantized norm outputs (docs/quantized_outputs.md) ----
+  // norm: 'rms_norm' (residual: add_rms_norm) or 'layer_norm'. recipe:
+  // 'per_tensor' / 'per_token' (FP8), 'mxfp8', 'nvfp4'; scale: the
+  // per-tensor quantize multiplier or NVFP4's global encode scale. Returns
+  // (data, dequant scales, amax of y or empty, h or empty, mean or empty,
+  // rstd); mean / rstd / h feed rms_norm_backward / layer_norm_backward.
+  m.def(
+      "norm_quant(Tensor input, Tensor? residual, int[] normalized_shape, Tensor? weight, Tensor? bias, float? eps, "
+      "str norm, str recipe, ScalarType out_dtype, Tensor? scale=None, str scale_layout=\"plain\", "
+      "bool zero_centered_gamma=False, str? mode=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+
   // ---- Softmax family ----
   // softmax(scale * x) over the last dim, masked elements excluded (0 in the
   // output); a row with nothing visible is all zeros. mask: bool, True =

@@ -1,5 +1,7 @@
 #include "bindings/norm.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <c10/core/DeviceGuard.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +11,7 @@
 
 #include "jit/kernel_cache.h"
 #include "ops/norm/kernel_families.h"
+#include "ops/norm/quant.h"
 #include "ops/norm/launch_geometry.h"
 #include "ops/norm/tuned_plans.h"
 #include "ops/norm_common.h"
@@ -79,16 +82,37 @@ NormProblem problem_of(const std::string& op, int64_t rows, int64_t hidden, cons
   return p;
 }
 
+// The epilogue flags of a quantized output, checked as norm_quant checks them.
+unsigned quant_flags(const std::string& recipe, const std::optional<std::string>& out_dtype, const std::string& layout,
+                     jit::DType dtype) {
+  const at::ScalarType in = dtype == jit::DType::kBFloat16  ? at::kBFloat16
+                            : dtype == jit::DType::kFloat16 ? at::kHalf
+                                                            : at::kFloat;
+  const std::string od = out_dtype.value_or(recipe == "nvfp4" ? "float4_e2m1fn_x2" : "float8_e4m3fn");
+  const at::ScalarType st = od == "float8_e5m2"        ? at::kFloat8_e5m2
+                            : od == "float4_e2m1fn_x2" ? at::kFloat4_e2m1fn_x2
+                            : od == "float8_e4m3fn"    ? at::kFloat8_e4m3fn
+                                                       : at::kFloat;
+  const at::Tensor meta = at::empty({1}, at::TensorOptions().dtype(in).device(at::kMeta));
+  std::optional<at::Tensor> scale;
+  if (recipe == "per_tensor" || recipe == "nvfp4") scale = at::ones({1}, at::TensorOptions().dtype(at::kFloat));
+  return check_quant_args(meta, recipe, st, scale, layout).flags();
+}
+
 py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
                       bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
-                      bool single_stride) {
+                      bool single_stride, const std::optional<std::string>& quant_recipe,
+                      const std::optional<std::string>& quant_dtype, const std::string& scale_layout) {
   if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
     throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
                           std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
                           std::to_string(sm_count));
-  const NormProblem p =
+  const NormProblem pb =
       problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual, single_stride);
+  NormProblem p = pb;  // the forward's, with its output epilogue
+  if (quant_recipe.has_value())
+    p.quant = quant_flags(*quant_recipe, quant_dtype, scale_layout, pb.dtype);
   std::optional<c10::string_view> mv;
   if (mode.has_value()) mv = c10::string_view(mode->data(), mode->size());
   const NormMode requested = parse_mode(mv, op.c_str());
@@ -102,12 +126,12 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   std::optional<TunedChoice> tf, tb;
   if (device >= 0) {
     tf = find_tuned(true, p, static_cast<unsigned>(requested), jit::device_info(device));
-    tb = find_tuned(false, p, (has_weight ? 1u : 0u) | (has_bias ? 2u : 0u) | (residual ? 4u : 0u),
+    tb = find_tuned(false, pb, (has_weight ? 1u : 0u) | (has_bias ? 2u : 0u) | (residual ? 4u : 0u),
                     jit::device_info(device));
   }
   const NormFwdPlan f = plan_norm_fwd(p, requested, sm_count, arch, /*explain=*/true, tf ? &*tf : nullptr);
   const NormBwdPlan b =
-      plan_norm_bwd(p, has_weight, has_bias, residual, sm_count, arch, /*explain=*/true, tb ? &*tb : nullptr);
+      plan_norm_bwd(pb, has_weight, has_bias, residual, sm_count, arch, /*explain=*/true, tb ? &*tb : nullptr);
   py::dict d;
   d["op"] = op;
   d["requested_mode"] = mode.has_value() ? py::cast(*mode) : py::none();

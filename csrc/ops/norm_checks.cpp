@@ -166,4 +166,19 @@ at::ScalarType stat_dtype(const at::Tensor& input) {
   return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// torch.nn.functional.rms_norm's default: the input dtype's machine epsilon.
+double rms_norm_eps(const at::Tensor& input, std::optional<double> eps) {
+  if (eps.has_value()) return *eps;
+  switch (input.scalar_type()) {
+    case at::kHalf:
+      return 0.0009765625;  // 2^-10
+    case at::kBFloat16:
+      return 0.0078125;  // 2^-7
+    case at::kDouble:
+      return std::numeric_limits<double>::epsilon();
+    default:
+      return std::numeric_limits<float>::epsilon();
+  }
+}
+
 }  // namespace rtcnorm

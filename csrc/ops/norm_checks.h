@@ -49,6 +49,10 @@ void check_norm_backward(NormKind kind, const char* op, const at::Tensor& grad_o
                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                          c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& grad_h, bool cuda);
 
+// eps of an RMSNorm call: as given, else torch.nn.functional.rms_norm's
+// default, the input dtype's machine epsilon.
+double rms_norm_eps(const at::Tensor& input, std::optional<double> eps);
+
 struct NormDims {
   int64_t rows = 0;    // product of the leading dims
   int64_t hidden = 0;  // product of normalized_shape

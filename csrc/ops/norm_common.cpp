@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "jit/kernel_cache.h"
+#include "kernels/common/quant_math.cuh"
 #include "ops/grid_exchange_buffers.h"
 #include "ops/norm_plan_memo.h"
 
@@ -99,7 +100,7 @@ at::Tensor no_grad_placeholder(const at::Tensor& like) { return at::empty({0}, l
 
 // The kernels read x, its row map and the row counts before their first load;
 // params.cuh keeps them at the head of each block.
-static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 152, "NormFwdParams layout");
+static_assert(offsetof(NormFwdParams, row_blocks) == 40 && sizeof(NormFwdParams) == 184, "NormFwdParams layout");
 static_assert(offsetof(NormBwdParams, row_blocks) == 40 && sizeof(NormBwdParams) == 160, "NormBwdParams layout");
 
 int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k, int64_t max_units,
@@ -142,11 +143,11 @@ static GridExchangeLease grid_exchange_words(const jit::KernelKey& key, int64_t 
 NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
                                  const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                                 double eps, NormMode mode, bool zero_centered) {
+                                 double eps, NormMode mode, bool zero_centered, const QuantLaunch* quant) {
   const NormDims d = norm_dims(input, normalized_shape);
   c10::DeviceGuard guard(input.device());
   NormFwdOutputs out;
-  out.y = at::empty(input.sizes(), input.options());
+  if (quant == nullptr) out.y = at::empty(input.sizes(), input.options());
   out.rstd = at::empty(stat_shape(input, d.lead), input.options().dtype(at::kFloat));
   if (kind == kLayerNorm) out.mean = at::empty(stat_shape(input, d.lead), input.options().dtype(at::kFloat));
   if (residual.has_value()) out.h = at::empty(input.sizes(), input.options());
@@ -181,6 +182,7 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   p.zero_centered = zero_centered && w.defined();
   p.residual = residual.has_value();
   p.single_stride = one_stride(xmap, d.rows) && (!r.defined() || one_stride(rmap, d.rows));
+  p.quant = quant != nullptr ? quant->flags : 0u;
   const int esize = jit::element_size(p.dtype);
   const int wsize = jit::element_size(p.wdtype);
   int v = 16 / esize;
@@ -211,7 +213,14 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   prm.residual_map = rmap;
   prm.weight = w.defined() ? w.data_ptr() : nullptr;
   prm.bias = b.defined() ? b.data_ptr() : nullptr;
-  prm.y = out.y.data_ptr();
+  prm.y = quant != nullptr ? quant->data.data_ptr() : out.y.data_ptr();
+  if (quant != nullptr) {
+    prm.scales = quant::per_tensor(p.recipe()) ? nullptr : quant->scales.data_ptr();
+    prm.amax = quant->amax.numel() > 0 ? quant->amax.data_ptr<float>() : nullptr;
+    prm.qscale_ptr = quant->scale_ptr;
+    prm.qscale = quant->scale;
+    prm.scale_cols = static_cast<int>(quant->scale_cols);
+  }
   prm.h = out.h.defined() ? out.h.data_ptr() : nullptr;
   prm.mean = out.mean.defined() ? out.mean.data_ptr<float>() : nullptr;
   prm.rstd = out.rstd.data_ptr<float>();

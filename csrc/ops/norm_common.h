@@ -39,12 +39,24 @@ struct NormFwdOutputs {
   at::Tensor y, h, mean, rstd;
 };
 
+// A quantized output of the forward (ops/norm/quant.h): the kernel's flag
+// bits, the outputs it writes, and the per-tensor or global scale (a device
+// tensor's pointer, else the host value).
+struct QuantLaunch {
+  unsigned flags = 0;
+  at::Tensor data, scales, amax;
+  const float* scale_ptr = nullptr;
+  float scale = 1.f;
+  int64_t scale_cols = 0;
+};
+
 // The CUDA paths; the op entries check the arguments first
-// (check_norm_forward / check_norm_backward).
+// (check_norm_forward / check_norm_backward). With `quant`, y is not
+// allocated: the kernel writes quant->data and its scales instead.
 NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor& input,
                                  const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                                 double eps, NormMode mode, bool zero_centered);
+                                 double eps, NormMode mode, bool zero_centered, const QuantLaunch* quant = nullptr);
 
 struct NormBwdOutputs {
   at::Tensor dx, dw, db;

@@ -5,7 +5,6 @@
 #include <c10/util/string_view.h>
 #include <torch/library.h>
 
-#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -15,28 +14,13 @@
 namespace rtcnorm {
 namespace {
 
-// torch.nn.functional.rms_norm's default: the input dtype's machine epsilon.
-double default_eps(const at::Tensor& input, std::optional<double> eps) {
-  if (eps.has_value()) return *eps;
-  switch (input.scalar_type()) {
-    case at::kHalf:
-      return 0.0009765625;  // 2^-10
-    case at::kBFloat16:
-      return 0.0078125;  // 2^-7
-    case at::kDouble:
-      return std::numeric_limits<double>::epsilon();
-    default:
-      return std::numeric_limits<float>::epsilon();
-  }
-}
-
 template <bool kCuda>
 std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& input, at::IntArrayRef normalized_shape,
                                             const std::optional<at::Tensor>& weight, std::optional<double> eps,
                                             std::optional<c10::string_view> mode, bool zero_centered_gamma) {
   const NormMode m = check_norm_forward("rms_norm", input, std::nullopt, c10::fromIntArrayRefSlow(normalized_shape),
                                         weight, std::nullopt, eps, mode, input.is_cuda());
-  const double e = default_eps(input, eps);
+  const double e = rms_norm_eps(input, eps);
   auto o = kCuda ? norm_forward_cuda(kRmsNorm, "rms_norm", input, std::nullopt, normalized_shape, weight, std::nullopt,
                                      e, m, zero_centered_gamma)
                  : norm_forward_cpu(kRmsNorm, "rms_norm", input, std::nullopt, normalized_shape, weight, std::nullopt,
@@ -53,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& in
                                                             bool zero_centered_gamma) {
   const NormMode m = check_norm_forward("add_rms_norm", input, residual, c10::fromIntArrayRefSlow(normalized_shape),
                                         weight, std::nullopt, eps, mode, input.is_cuda());
-  const double e = default_eps(input, eps);
+  const double e = rms_norm_eps(input, eps);
   auto o = kCuda ? norm_forward_cuda(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,
                                      e, m, zero_centered_gamma)
                  : norm_forward_cpu(kRmsNorm, "add_rms_norm", input, residual, normalized_shape, weight, std::nullopt,

@@ -69,6 +69,9 @@ def explain(
     sm_count: int = 132,
     arch: str = "sm_90",
     resources: bool = False,
+    quant: str | None = None,
+    quant_dtype: torch.dtype | None = None,
+    scale_layout: str = "plain",
 ) -> dict:
     """Return the forward and backward launch plan for a norm call, and why.
 
@@ -97,6 +100,11 @@ def explain(
     ``["backward"]["coef_ptxas"]``: ``registers`` a thread, ``spill_stores``,
     ``spill_loads`` and ``stack_frame`` in bytes a thread. The value is None
     where NVRTC emits only PTX for the arch (the driver compiles it at load).
+
+    ``quant`` (a recipe of ``rtcnorm.norm_quant``: "per_tensor",
+    "per_token", "mxfp8", "nvfp4"), with ``quant_dtype`` (default: the
+    recipe's) and ``scale_layout``, plans the forward with that quantized
+    output (docs/quantized_outputs.md).
     """
     if op not in _OPS:
         raise ValueError(f"rtcnorm.explain: op must be one of {_OPS}, got {op!r}")
@@ -148,6 +156,9 @@ def explain(
         arch_number,
         bool(resources),
         strides is None or _C.rows_single_stride(shape, strides, len(shape) - nd),
+        quant,
+        None if quant_dtype is None else str(quant_dtype).removeprefix("torch."),
+        scale_layout,
     )
     plan["device"] = where
     plan["assumed"] = None

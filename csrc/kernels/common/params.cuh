@@ -82,9 +82,13 @@ enum NormFlags : unsigned {
   // forward, cached rows: gamma/beta are loaded into registers beside the
   // row's x (as stored) rather than after the row reduction.
   kPreloadAffine = 1u << 24,
-  // Bits 25-28 are unused; they once selected designs no plan makes any
-  // more. The other bits keep their positions: they are part of kernel keys
-  // and of the disk cache's names.
+  // forward: the output epilogue quantizes y (common/quant_math.cuh's
+  // Recipe codes; 0: y in the input dtype), and kBlockedScales writes block
+  // scales in cuBLAS's blocked layout rather than row-major
+  // (norm/quant_epilogue.cuh). Bit positions are part of kernel keys and of
+  // the disk cache's names.
+  kQuantBits = 7u << 25,
+  kBlockedScales = 1u << 28,
   // backward, staged column-cluster rows (kStagedRow with kClusterBits, a ring
   // of at least 3 stages): the cluster's row sums are collected one row block
   // later, so a CTA's dx of row block k waits for its peers' sums of k while
@@ -101,6 +105,7 @@ enum NormFlags : unsigned {
   kGridExchange = 1u << 31,
 };
 constexpr int kClusterShift = 14;
+constexpr int kQuantShift = 25;
 // kGridExchange: partials are kept by call modulo this many slots
 // (common/grid_exchange.cuh gives the layout and why three).
 constexpr int kGridExchangeSlots = 3;
@@ -152,6 +157,16 @@ struct NormFwdParams {
   // into L2; 0 (what the launcher passes): the grid's stride, a grid-stride
   // loop's own next row block.
   long long prefetch_ahead;
+  // Quantized outputs (kQuantBits): y holds the codes; scales the per-row or
+  // per-block scales; amax (zeroed by the host) the tensor's max |y| where
+  // the recipe returns it; the per-tensor or NVFP4 global scale is
+  // *qscale_ptr (a device tensor) or else qscale; scale_cols is the scale
+  // matrix's row pitch (padded in the blocked layout).
+  void* scales;
+  float* amax;
+  const float* qscale_ptr;
+  float qscale;
+  int scale_cols;
 };
 
 struct NormBwdParams {

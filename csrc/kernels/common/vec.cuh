@@ -43,6 +43,10 @@ template <>
 struct RawOf<2> {
   using type = unsigned short;
 };
+template <>
+struct RawOf<1> {
+  using type = unsigned char;
+};
 
 // A Pack moves as kCount accesses of kUnit bytes: one access up to 16 bytes,
 // several 16-byte accesses beyond (an fp32 gamma beside 8-wide bf16 rows).
@@ -149,6 +153,9 @@ __device__ __forceinline__ void st_stream(uint2* p, uint2 v) {
 }
 __device__ __forceinline__ void st_stream(unsigned* p, unsigned v) {
   asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_stream(unsigned char* p, unsigned char v) {
+  asm volatile("st.global.cs.u8 [%0], %1;" ::"l"(p), "h"(static_cast<unsigned short>(v)) : "memory");
 }
 __device__ __forceinline__ void st_stream(unsigned short* p, unsigned short v) {
   asm volatile("st.global.cs.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");

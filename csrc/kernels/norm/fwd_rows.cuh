@@ -40,6 +40,7 @@
 #include "common/cluster.cuh"
 #include "common/grid_exchange.cuh"
 #include "norm/fwd_common.cuh"
+#include "norm/quant_epilogue.cuh"
 #include "norm/stats_guard.cuh"
 
 namespace rtcnorm {
@@ -89,6 +90,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   static_assert(!(kCached && kSmem), "a row is cached in registers or in shared memory, not both");
   static_assert(!kKeep || kChunks == 1, "gamma kept in registers must fit in one chunk");
   static_assert(!kTwoPass || (kCached && kCl == 1), "two-pass statistics read a row one CTA caches");
+  using Quant = QuantEpilogue<T, N, VEC, TPR, FLAGS>;
+  static_assert(Quant::kRecipe == 0 || kCl == 1, "a quantized row is owned by one CTA");
+  Quant quant_out(p);
 
   __shared__ GroupScratch<TPR, kTwoPass ? 1 : ROWS, Red> scratch;
   __shared__ GroupScratch<TPR, kTwoPass ? ROWS : 1, Sum1> scratch1;
@@ -211,41 +215,74 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       if (KIND == kLayerNorm && p.mean != nullptr) p.mean[row] = mean;
     }
 
+    // The fp32 outputs of vector slot i of chunk c (vector v of the row).
+    const auto normalized = [&](int c, int i, int v, float (&out)[VEC]) {
+      PT xv;
+      if constexpr (kCached)
+        xv = cache[i];
+      else if constexpr (kSmem)
+        xv = srow[v];
+      else if constexpr (kRes)
+        xv = load_coherent<T, VEC>(h, yoff + 1LL * v * VEC);
+      else
+        xv = load_row_vec<T, VEC, kAlloc>(x, xoff + 1LL * v * VEC);
+      float g[VEC], b[VEC];
+      if constexpr (kKeep) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          g[j] = kg[i][j];
+          b[j] = kb[i][j];
+        }
+      } else if constexpr (kPreload) {
+        affine_floats<W, VEC, FLAGS>(affine[i], g, b);
+      } else {
+        load_affine<W, VEC, FLAGS>(p, vbase + v, g, b);
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = fmaf((elem_float(xv, j) - mean) * rstd, g[j], b[j]);
+    };
+    float row_value = 0.f;  // quantized outputs: the row's amax or per-token multiplier
+    if constexpr (Quant::kRowAmax) {
+      float a = 0.f;
+#pragma unroll 1
+      for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int v = c * kChunk + i * TPR + lane;
+          if (!row_ok || !(kEven || v < kVecs)) continue;
+          float out[VEC];
+          normalized(c, i, v, out);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
+        }
+      }
+      __shared__ GroupScratch<TPR, ROWS, Max1> qscratch;
+      a = group_allreduce<TPR, ROWS>(Max1{a}, qscratch).a;
+      row_value = quant::per_token(Quant::kRecipe) ? Quant::token_multiplier(p, row, a, row_ok && lane == 0) : a;
+    }
+
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
-        if (!row_ok || !(kEven || v < kVecs)) continue;
-        PT xv;
-        if constexpr (kCached)
-          xv = cache[i];
-        else if constexpr (kSmem)
-          xv = srow[v];
-        else if constexpr (kRes)
-          xv = load_coherent<T, VEC>(h, yoff + 1LL * v * VEC);
-        else
-          xv = load_row_vec<T, VEC, kAlloc>(x, xoff + 1LL * v * VEC);
-        float g[VEC], b[VEC];
-        if constexpr (kKeep) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            g[j] = kg[i][j];
-            b[j] = kb[i][j];
-          }
-        } else if constexpr (kPreload) {
-          affine_floats<W, VEC, FLAGS>(affine[i], g, b);
-        } else {
-          load_affine<W, VEC, FLAGS>(p, vbase + v, g, b);
-        }
+        const bool ok = row_ok && (kEven || v < kVecs);
         float out[VEC];
+        if constexpr (Quant::kRecipe == 0) {
+          if (!ok) continue;
+          normalized(c, i, v, out);
+          store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
+        } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = fmaf((elem_float(xv, j) - mean) * rstd, g[j], b[j]);
-        store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
+          for (int j = 0; j < VEC; ++j) out[j] = 0.f;
+          if (ok) normalized(c, i, v, out);
+          quant_out.template emit<kCs>(p, row, v, lane, ok, out, row_value);
+        }
       }
     }
     rb += clusters;
   } while (rb < p.row_blocks);
+  if constexpr (Quant::kRecipe != 0) quant_out.finish(p);
   cluster_exit<kHwCl>(calls);
 }
 

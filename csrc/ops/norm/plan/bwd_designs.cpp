@@ -29,7 +29,8 @@ unsigned grad_flags(const NormProblem& p, const BwdWants& w) {
 // floats (kKeepTerms), three floats each instead of the raw values (ptxas,
 // sm_90: RMSNorm bf16 at 8 / 16 / 32 elements takes 63 / 80+ / 130+).
 int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_terms) {
-  const int raw = elems * p.esize() * (w.dh ? 3 : 2) / 4;
+  // A register holds at most 4 bytes of a row, and a lone 16-bit element (N odd) one.
+  const int raw = elems / p.vec() * static_cast<int>(ceil_div(p.vec() * p.esize(), 4)) * (w.dh ? 3 : 2);
   const int centred = p.kind == kLayerNorm ? elems : 0;  // LayerNorm's x - mean
   return 40 + elems * (1 + w.accums()) + centred + (keep_terms ? 3 * elems : raw);
 }

@@ -2,13 +2,15 @@
 // to a kernel key (the kernel template's flag word, kernels/common/params.cuh).
 #include <algorithm>
 
+#include "kernels/common/quant_math.cuh"
 #include "ops/norm/kernel_families.h"
 #include "ops/norm/plan/designs.h"
 
 namespace rtcnorm {
 namespace {
 
-// Raw row bytes a thread may hold in registers: 64 16-bit or 32 fp32 values.
+// Row bytes a thread may hold in registers: 64 16-bit or 32 fp32 values
+// (32 registers).
 constexpr int kRegisterRowBytes = 128;
 constexpr int kMinThreadsPerRow = 4;
 // Vectors a thread streams per chunk where the row is not held in registers.
@@ -21,7 +23,17 @@ constexpr int kDeferredStages = 3;
 
 unsigned feature_flags(const NormProblem& p) {
   return (p.has_weight ? kHasWeight : 0u) | (p.has_bias ? kHasBias : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
-         (p.residual ? kResidual : 0u) | (p.single_stride ? kSingleStride : 0u);
+         (p.residual ? kResidual : 0u) | (p.single_stride ? kSingleStride : 0u) | p.quant;
+}
+
+// A quantized output (norm/quant_epilogue.cuh) needs its row in one CTA
+// (no slices), and a block scale's vectors on adjacent lanes of one row
+// group, unless the row is a single block.
+bool carries_epilogue(const NormProblem& p, const Candidate& c) {
+  if (p.quant == 0) return true;
+  if (c.knobs.slices > 1 || c.key.cluster > 1) return false;
+  const int block = quant::block_of(p.recipe());
+  return block == 0 || p.hidden <= block || c.key.threads_per_row >= block / c.key.vec;
 }
 
 // Registers a thread of a register row needs: the row as stored, the
@@ -30,12 +42,16 @@ unsigned feature_flags(const NormProblem& p) {
 // moments), and about 24 for addresses, sums and indices (ptxas, sm_90: bf16
 // rows of 32 / 64 / 128 bytes a thread take 55 / 64 / 72 in RMSNorm;
 // LayerNorm spills 156 bytes at 72, and a slice of it 84 at 80).
-int fwd_row_regs(const NormProblem& p, int thread_bytes, bool preload, bool sliced) {
-  const int raw = thread_bytes / 4;
+int fwd_row_regs(const NormProblem& p, int raw, bool preload, bool sliced) {
   const int affine = preload ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0;
   // LayerNorm: two passes over the held row, or (slices) merged moments.
   const int layer = p.kind == kLayerNorm ? (sliced ? 2 * raw : raw) : 0;
-  return 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) + affine;
+  // Rows of scalar accesses (N odd) keep a predicate and an address term an
+  // element; a quantized output needs its codes, block amax and scale, and
+  // a scalar row's per-element shuffles besides.
+  const int scalar = p.vec() == 1 ? raw : 0;
+  const int quant = p.quant != 0 ? 8 + scalar : 0;
+  return 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) + affine + scalar + quant;
 }
 
 struct Layout {
@@ -108,17 +124,19 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
     if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) break;
     for (int cta : kCtaChoices) {
       const Layout l = layout_of(p, hidden, nv_target, cta);
-      const int thread_bytes = l.nv * l.vec * p.esize();
+      // A register holds at most 4 bytes of the row, and a lone 16-bit
+      // element (N odd) takes one to itself.
+      const int raw = l.nv * static_cast<int>(ceil_div(l.vec * p.esize(), 4));
       // A row keeps at least 4 threads: with fewer, a warp's stores scatter
       // over 16+ rows (N = 64 and 128 at 2 threads ran at 36-87% of the best).
-      if (thread_bytes > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) continue;
+      if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) continue;
       if (l.tpr > cta && cta != kCtaChoices[0]) continue;  // one shape of a CTA wider than asked
       for (bool persistent : {false, true}) {
         if (!mode_allows(mode, persistent, true)) continue;
         Candidate c;
         c.design = static_cast<int>(slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow);
         const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
-        c.regs = fwd_row_regs(p, thread_bytes, aff == kPreloadAffine, slices > 1);
+        c.regs = fwd_row_regs(p, raw, aff == kPreloadAffine, slices > 1);
         const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), c.regs);
         if (regs_at(l.threads, blocks) < c.regs) continue;  // would spill
         const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
@@ -233,9 +251,11 @@ void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::ve
   // a residual (its operand crowds the registers); `every` (a forced
   // design) considers every feasible design.
   if (every || !held || p.residual) smem_rows(p, mode, gpu, out);
-  if (!p.residual && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))
+  if (!p.residual && p.quant == 0 && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))
     sliced_rows(p, mode, gpu, out);
   reload_rows(p, mode, gpu, out);
+  out.erase(std::remove_if(out.begin(), out.end(), [&](const Candidate& c) { return !carries_epilogue(p, c); }),
+            out.end());
 }
 
 }  // namespace rtcnorm

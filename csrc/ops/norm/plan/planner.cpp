@@ -72,6 +72,8 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   fwd_candidates(p, requested, gpu, cands, every);
   // A cached mode asked of a row that no cached design holds streams it twice.
   if (cands.empty()) fwd_candidates(p, NormMode::kMultiWaveReload, gpu, cands, every);
+  // A mode none of whose designs carries a quantized output's epilogue plans as auto.
+  if (cands.empty()) fwd_candidates(p, NormMode::kAuto, gpu, cands, every);
   NormFwdPlan plan;
   restrict(true, tuned, cands, plan.trace);
   for (Candidate& c : cands) cost_fwd(p, gpu, c);

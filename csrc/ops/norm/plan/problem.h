@@ -35,6 +35,9 @@ struct NormProblem {
   // Every row map the kernel reads (x; in the forward also the residual)
   // has one group: row r starts at r * stride (RowMap::inner_rows >= rows).
   bool single_stride = true;
+  // Forward only: the output epilogue, kQuantBits | kBlockedScales of the
+  // kernel's flag word (0: y in the input dtype); quant::Recipe codes.
+  unsigned quant = 0;
 
   int esize() const { return jit::element_size(dtype); }
   int wsize() const { return jit::element_size(wdtype); }
@@ -43,6 +46,7 @@ struct NormProblem {
   int vec() const { return widest_vec(dtype, max_vec, hidden); }
   int64_t nvec() const { return hidden / vec(); }
   int64_t row_bytes() const { return hidden * esize(); }
+  unsigned recipe() const { return (quant & kQuantBits) >> kQuantShift; }
 };
 
 // What the backward computes besides dx.

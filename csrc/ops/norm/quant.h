@@ -1,0 +1,52 @@
+// Quantized norm outputs (torch.ops.rtcnorm.norm_quant): a call's recipe,
+// its checks, its outputs and the CPU quantizer. The recipes' arithmetic is
+// kernels/common/quant_math.cuh, shared by the CUDA epilogue and the CPU.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "kernels/common/params.cuh"
+#include "kernels/common/quant_math.cuh"
+
+namespace rtcnorm {
+
+struct QuantSpec {
+  unsigned recipe = quant::kNone;
+  bool blocked = false;  // block scales in cuBLAS's blocked layout
+  at::ScalarType data_dtype = at::kFloat8_e4m3fn;
+  // NormProblem::quant and the kernel's flag bits.
+  unsigned flags() const { return recipe << kQuantShift | (blocked ? kBlockedScales : 0u); }
+  int block() const { return quant::block_of(recipe); }
+  // Scales a row has (blocks), and the scale matrix's row pitch.
+  int64_t blocks(int64_t hidden) const;
+  int64_t scale_cols(int64_t hidden) const;
+};
+
+// Parses and checks the quantization arguments of a call (every message
+// names rtcnorm.norm_quant and the argument): recipe, out_dtype, scale
+// (a one-element float32 tensor where the recipe takes one, finite and
+// positive when it is on the CPU), scale_layout; input's dtype.
+QuantSpec check_quant_args(const at::Tensor& input, c10::string_view recipe, at::ScalarType out_dtype,
+                           const std::optional<at::Tensor>& scale, c10::string_view scale_layout);
+
+struct QuantOutputs {
+  at::Tensor data, scales, amax;
+};
+
+// The outputs of a call with `rows` rows of `hidden` elements (`lead`
+// leading dims of input); amax zeroed where the recipe returns it, and the
+// blocked layout's padding zeroed.
+QuantOutputs quant_outputs(const QuantSpec& q, const at::Tensor& input, int64_t lead, int64_t rows, int64_t hidden,
+                           const std::optional<at::Tensor>& scale);
+
+// The host value of a CPU scale tensor (1 when the recipe takes none).
+float host_scale(const std::optional<at::Tensor>& scale);
+
+// Quantizes y (rows x hidden, contiguous float32) into `out` (CPU tensors).
+void quantize_rows_cpu(const QuantSpec& q, const at::Tensor& y, float scale, QuantOutputs& out);
+
+}  // namespace rtcnorm
