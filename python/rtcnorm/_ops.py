@@ -93,44 +93,69 @@ _QUANT_DTYPES = {
 _QUANT_BLOCK = {"mxfp8": (32, torch.float8_e8m0fnu), "nvfp4": (16, torch.float8_e4m3fn)}
 
 
+# c10's names of dtypes, as the C++ checks print them.
+_C10_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
+
+
+def _c10_name(dtype):
+    name = str(dtype).removeprefix("torch.")
+    return _C10_NAMES.get(dtype, name[:1].upper() + name[1:])
+
+
 def _check_norm_quant_py(
     input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode
 ):
-    """norm_quant's argument check where the extension has none (_C._check_norm_quant):
-    the same rules, each error naming the argument. Scale values are the real op's to check."""
-    op = "norm_quant"
+    """norm_quant's argument check (csrc/ops/norm/quant_op.cpp, quant.cpp) for
+    tracing, where the extension binds none: the same rules in the same order,
+    with the same messages. A CPU scale's value is the real op's to check."""
+    op = "rtcnorm.norm_quant: "
     if norm not in ("rms_norm", "layer_norm"):
-        raise ValueError(f"rtcnorm.{op}: norm must be 'rms_norm' or 'layer_norm', got {norm!r}")
-    if recipe not in _QUANT_DTYPES:
-        raise ValueError(f"rtcnorm.{op}: recipe must be one of {', '.join(map(repr, _QUANT_DTYPES))}, got {recipe!r}")
-    allowed = _QUANT_DTYPES[recipe]
-    if out_dtype not in allowed:
-        names = ", ".join(str(d) for d in allowed)
-        raise ValueError(f"rtcnorm.{op}: out_dtype for recipe {recipe!r} must be {names}, got {out_dtype}")
-    if scale_layout not in ("plain", "blocked"):
-        raise ValueError(f"rtcnorm.{op}: scale_layout must be 'plain' or 'blocked', got {scale_layout!r}")
-    if scale_layout == "blocked" and recipe not in _QUANT_BLOCK:
-        raise ValueError(
-            f"rtcnorm.{op}: scale_layout 'blocked' is only for recipes 'mxfp8' and 'nvfp4', not {recipe!r}"
-        )
-    if recipe in ("per_tensor", "nvfp4"):
-        if scale is None:
-            raise ValueError(f"rtcnorm.{op}: scale is required for recipe {recipe!r}")
-        if scale.dtype != torch.float32 or scale.numel() != 1:
-            raise ValueError(
-                f"rtcnorm.{op}: scale must be a one-element float32 tensor, "
-                f"got dtype {scale.dtype} and shape {tuple(scale.shape)}"
-            )
-    elif scale is not None:
-        raise ValueError(f"rtcnorm.{op}: scale must be None for recipe {recipe!r}")
+        raise ValueError(f"{op}norm must be 'rms_norm' or 'layer_norm', got '{norm}'")
     if residual is not None and norm != "rms_norm":
-        raise ValueError(f"rtcnorm.{op}: residual is only for norm='rms_norm'")
+        raise ValueError(f"{op}residual is only taken with norm='rms_norm' (add_rms_norm)")
     if bias is not None and norm != "layer_norm":
-        raise ValueError(f"rtcnorm.{op}: bias is only for norm='layer_norm'")
-    if input.dtype == torch.float64:
-        raise TypeError(f"rtcnorm.{op}: input must be float32, float16 or bfloat16, got {input.dtype}")
+        raise ValueError(f"{op}bias is only taken with norm='layer_norm'")
     base = "add_rms_norm" if residual is not None else norm
     _C._check_norm_forward(base, input, residual, normalized_shape, weight, bias, eps, mode)
+    if input.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{op}input must be float32, float16 or bfloat16 for a quantized output, got {_c10_name(input.dtype)}"
+        )
+    if recipe not in _QUANT_DTYPES:
+        raise ValueError(f"{op}recipe must be one of {', '.join(map(repr, _QUANT_DTYPES))}, got '{recipe}'")
+    allowed = _QUANT_DTYPES[recipe]
+    if out_dtype not in allowed:
+        names = " or ".join(str(d) for d in allowed)
+        raise ValueError(f"{op}out_dtype must be {names} for recipe '{recipe}', got {_c10_name(out_dtype)}")
+    if scale_layout == "blocked":
+        if recipe not in _QUANT_BLOCK:
+            raise ValueError(f"{op}scale_layout 'blocked' is for the block recipes 'mxfp8' and 'nvfp4', not '{recipe}'")
+    elif scale_layout != "plain":
+        raise ValueError(f"{op}scale_layout must be 'plain' or 'blocked', got '{scale_layout}'")
+    if recipe not in ("per_tensor", "nvfp4"):
+        if scale is not None:
+            raise ValueError(f"{op}scale must be None for recipe '{recipe}' (its scales come from the data)")
+        return
+    if scale is None:
+        what = "the global encode scale" if recipe == "nvfp4" else "the quantize multiplier"
+        raise ValueError(f"{op}scale ({what}) is required for recipe '{recipe}'")
+    if scale.numel() != 1 or scale.dtype != torch.float32:
+        raise ValueError(
+            f"{op}scale must be a float32 tensor of one element, got {_c10_name(scale.dtype)} of shape {list(scale.shape)}"
+        )
+    if scale.device.type != "cpu" and scale.device != input.device:
+        raise ValueError(f"{op}scale must be on the CPU or on input's device {input.device}, got {scale.device}")
 
 
 def _norm_quant_fake(
