@@ -37,11 +37,11 @@ def norm_quant():
 # ---- the op's training and inference forms ---------------------------------------
 
 
-def run_grad_case(norm, quant, dtype, device, *, weight=True, zc=False, residual=False, shape=(6, 70)):
-    n = shape[-1]
+def run_grad_case(norm, quant, dtype, device, *, weight=True, zc=False, residual=False, shape=(6, 70), wdtype=None):
+    n, wdtype = shape[-1], wdtype or dtype
     x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
-    w = (torch.randn(n, dtype=dtype, device=device) * 0.5 + (0 if zc else 1)).requires_grad_() if weight else None
-    b = torch.randn(n, dtype=dtype, device=device, requires_grad=True) if norm == "layer_norm" and weight else None
+    w = (torch.randn(n, dtype=wdtype, device=device) * 0.5 + (0 if zc else 1)).requires_grad_() if weight else None
+    b = torch.randn(n, dtype=wdtype, device=device, requires_grad=True) if norm == "layer_norm" and weight else None
     r = torch.randn(shape, dtype=dtype, device=device, requires_grad=True) if residual else None
     dy, dh = torch.randn_like(x), torch.randn_like(x) if residual else None
     if norm == "rms_norm":
@@ -76,6 +76,23 @@ def test_training_grads_straight_through(norm_quant, norm, quant, dtype):
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
 def test_training_grads_weight_variants(norm_quant, norm, weight, zc):
     run_grad_case(norm, QUANTS["mxfp8"](), torch.float32, "cpu", weight=weight, zc=zc, shape=(2, 3, 40))
+
+
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+def test_training_grads_float32_weight(norm_quant, norm):
+    # bf16 input beside a float32 weight (and bias): dW, dB in float32.
+    run_grad_case(norm, QUANTS["nvfp4"](), torch.bfloat16, "cpu", shape=(5, 48), wdtype=torch.float32)
+
+
+@pytest.mark.parametrize("quant", ["per_tensor_e5m2", "per_token", "mxfp8_blocked", "nvfp4"])
+@pytest.mark.parametrize(("norm", "residual", "bias"), [("rms_norm", False, False), ("rms_norm", True, False),
+                                                        ("layer_norm", False, True)])  # fmt: skip
+def test_opcheck(norm_quant, quant, norm, residual, bias):
+    q = QUANTS[quant]()
+    x = torch.randn(3, 5, 40, dtype=torch.bfloat16)
+    r, b = torch.randn_like(x) if residual else None, torch.randn(40) if bias else None
+    args = (x, r, [40], torch.randn(40), b, None, norm, q.recipe, q.dtype, q.scale_tensor(), q.layout)
+    torch.library.opcheck(torch.ops.rtcnorm.norm_quant.default, args)
 
 
 @pytest.mark.parametrize("quant", ["per_tensor", "per_token", "nvfp4_blocked"])
@@ -166,7 +183,7 @@ def test_fake_matches_real(norm_quant, quant, residual):
 
     def call(convert):
         x, r, w = (None if t is None else convert(t) for t in tensors)
-        scale = q.scale_tensor("cpu")
+        scale = q.scale_tensor()
         return torch.ops.rtcnorm.norm_quant(x, r, [40], w, *tail, None if scale is None else convert(scale), q.layout)
 
     real = call(lambda t: t)
@@ -246,3 +263,15 @@ def test_compiled_training_matches_eager(norm_quant, quant):
 def test_gpu_training_grads_straight_through(norm_quant, norm, quant):
     run_grad_case(norm, QUANTS[quant]("cuda"), torch.bfloat16, "cuda", shape=(300, 1000))
     run_grad_case("rms_norm", QUANTS[quant]("cuda"), torch.bfloat16, "cuda", residual=True, shape=(7, 4096))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", list(QUANTS))
+def test_gpu_dequantize_matches_cpu(norm_quant, quant):
+    x = torch.randn(300, 1000, dtype=torch.bfloat16, device="cuda")
+    qt = rtcnorm.rms_norm(x, 1000, quant=QUANTS[quant]("cuda"))
+    moved = qt.to("cpu")
+    assert type(moved) is rtcnorm.QuantizedTensor and moved.qdata.device.type == "cpu"
+    assert torch.equal(qt.dequantize().cpu(), moved.dequantize())
+    w = torch.randn(64, 1000, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(F.linear(qt, w), F.linear(qt.dequantize(), w), rtol=0, atol=0)

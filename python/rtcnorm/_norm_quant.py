@@ -32,7 +32,7 @@ def _op():
 
 def _forward(input, residual, weight, bias, norm, shape, eps, quant, mode, zero_centered_gamma):
     """Runs the op; returns (QuantizedTensor, h, mean, rstd)."""
-    scale = quant.scale_tensor(input.device)
+    scale = quant.scale_tensor()
     data, scales, amax, h, mean, rstd = _op()(
         input, residual, shape, weight, bias, eps, norm, quant.recipe, quant.dtype, scale, quant.layout,
         zero_centered_gamma, mode,

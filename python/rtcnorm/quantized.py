@@ -116,13 +116,14 @@ class Quant:
         if not (math.isfinite(s) and s > 0):
             raise ValueError(f"rtcnorm.Quant: scale must be finite and > 0, got {s!r}")
 
-    def scale_tensor(self, device) -> torch.Tensor | None:
-        """The scale as the op takes it: a float32 tensor on ``device`` (a float
-        becomes a one-element tensor filled there, no host-device copy)."""
+    def scale_tensor(self) -> torch.Tensor | None:
+        """The scale as norm_quant takes it: a float32 tensor (a float becomes
+        a one-element CPU tensor, which the op reads on the host; no device
+        copy or fill kernel)."""
         s = self.scale
         if s is None or isinstance(s, torch.Tensor):
             return s
-        return torch.full((1,), float(s), dtype=torch.float32, device=device)
+        return torch.tensor([float(s)], dtype=torch.float32)
 
 
 def _ceil_div(a, b):
