@@ -37,7 +37,8 @@ def norm_quant():
 # ---- the op's training and inference forms ---------------------------------------
 
 
-def run_grad_case(norm, quant, dtype, device, *, weight=True, zc=False, residual=False, shape=(6, 70), wdtype=None):
+def run_grad_case(norm, quant, dtype, device, *, weight=True, zc=False, residual=False, shape=(6, 70), wdtype=None,
+                  through_dequantize=False):  # fmt: skip
     n, wdtype = shape[-1], wdtype or dtype
     x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
     w = (torch.randn(n, dtype=wdtype, device=device) * 0.5 + (0 if zc else 1)).requires_grad_() if weight else None
@@ -52,7 +53,8 @@ def run_grad_case(norm, quant, dtype, device, *, weight=True, zc=False, residual
         qt, h = rtcnorm.layer_norm(x, n, w, b, quant=quant, zero_centered_gamma=zc), None
         ref = ref_layer_norm(x, [n], w, b, zero_centered_gamma=zc, dy=dy)
     assert isinstance(qt, rtcnorm.QuantizedTensor) and qt.shape == x.shape and qt.dtype == dtype
-    torch.autograd.backward([qt] + ([h] if residual else []), [dy] + ([dh] if residual else []))
+    y = qt.dequantize(torch.float64) if through_dequantize else qt
+    torch.autograd.backward([y] + ([h] if residual else []), [dy.to(y.dtype)] + ([dh] if residual else []))
     rows = math.prod(shape[:-1])
     assert_close(x.grad, ref["dx"], what="dx")
     if residual:
@@ -98,6 +100,13 @@ def test_opcheck(norm_quant, quant, norm, residual, bias):
 @pytest.mark.parametrize("quant", ["per_tensor", "per_token", "nvfp4_blocked"])
 def test_training_grads_residual(norm_quant, quant):
     run_grad_case("rms_norm", QUANTS[quant](), torch.bfloat16, "cpu", residual=True)
+
+
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+def test_training_grads_through_dequantize(norm_quant, norm):
+    # dequantize() is differentiable: the loss may be taken on the dense value, in another dtype.
+    run_grad_case(norm, QUANTS["mxfp8"](), torch.bfloat16, "cpu", through_dequantize=True)
+    run_grad_case("rms_norm", QUANTS["per_token"](), torch.float32, "cpu", residual=True, through_dequantize=True)
 
 
 def same_tensor(a, b):

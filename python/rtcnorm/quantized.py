@@ -237,7 +237,13 @@ class QuantizedTensor(torch.Tensor):
         )
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The dense tensor, in ``orig_dtype`` (or ``dtype``); the arithmetic is fp32."""
+        """The dense tensor, in ``orig_dtype`` (or ``dtype``); the arithmetic is
+        fp32. Differentiable: its gradient reaches this tensor unchanged."""
+        if self.requires_grad and torch.is_grad_enabled():
+            return _Dequantize.apply(self, dtype)
+        return self._dense(dtype)
+
+    def _dense(self, dtype=None) -> torch.Tensor:
         return self._dense_fp32().view(self.shape).to(dtype or self.orig_dtype)
 
     def _dense_fp32(self) -> torch.Tensor:
@@ -286,8 +292,19 @@ class QuantizedTensor(torch.Tensor):
                 return out
         if func._schema.is_mutable:
             _refuse_writes(func, args, kwargs)
-        args, kwargs = tree_map_only(QuantizedTensor, lambda t: t.dequantize(), (args, kwargs))
+        args, kwargs = tree_map_only(QuantizedTensor, lambda t: t._dense(), (args, kwargs))
         return func(*args, **kwargs)
+
+
+class _Dequantize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qt, dtype):
+        ctx.orig_dtype = qt.orig_dtype
+        return qt._dense(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.orig_dtype), None
 
 
 def _refuse_writes(func, args, kwargs):
