@@ -72,10 +72,11 @@ def random_codes(shape, dtype):
     return b.view(dtype)
 
 
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0-7; bit 3 is the sign
+
+
 def e2m1_value(code: int) -> float:
-    sign = -1.0 if code & 8 else 1.0
-    e, m = (code >> 1) & 3, code & 1
-    return sign * (m * 0.5 if e == 0 else 2.0 ** (e - 1) * (1 + m / 2))
+    return (-1.0 if code & 8 else 1.0) * E2M1_MAGNITUDES[code & 7]
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:

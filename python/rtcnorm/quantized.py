@@ -35,9 +35,6 @@ BLOCK_SIZE = {"mxfp8": 32, "nvfp4": 16}  # elements along n sharing a scale
 BLOCK_SCALE_DTYPE = {"mxfp8": torch.float8_e8m0fnu, "nvfp4": torch.float8_e4m3fn}
 LAYOUTS = ("plain", "blocked")
 
-# The 16 E2M1 codes: bit 3 is the sign, bits 0-2 index the magnitudes.
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
 
 def _names(values) -> str:
     return ", ".join(repr(v) for v in values)
@@ -166,11 +163,14 @@ def _times_blocks(q: torch.Tensor, s: torch.Tensor, block: int) -> torch.Tensor:
 
 def _e2m1_values(packed: torch.Tensor, n: int) -> torch.Tensor:
     """Packed E2M1 (rows, ceil(n / 2)) as fp32 (rows, n): element 2k in the low
-    nibble of byte k, 2k+1 in the high nibble."""
+    nibble of byte k, 2k+1 in the high nibble. Decoded arithmetically (sign
+    bit 3, exponent bits 1-2 with bias 1, mantissa bit 0), so no table is
+    copied to the device."""
     b = packed.view(torch.uint8)
-    codes = torch.stack((b & 0xF, b >> 4), dim=-1).view(b.shape[0], -1)[:, :n]
-    table = torch.tensor(_E2M1, dtype=torch.float32, device=b.device)
-    return table[codes.long()]
+    codes = torch.stack((b & 0xF, b >> 4), dim=-1).view(b.shape[0], -1)[:, :n].int()
+    e, m = (codes >> 1) & 3, (codes & 1).float()
+    mag = torch.where(e == 0, m * 0.5, torch.ldexp(1 + m * 0.5, e - 1))
+    return torch.where(codes >= 8, -mag, mag)
 
 
 _WRAP_OPS = {}  # aten op -> what it does to each held tensor (the result stays quantized)
