@@ -19,21 +19,15 @@ from torch._C import _functions
 
 from .quantized import Quant, QuantizedTensor
 
+NORM_QUANT = torch.ops.rtcnorm.norm_quant.default
 RMS_NORM_BACKWARD = torch.ops.rtcnorm.rms_norm_backward.default
 LAYER_NORM_BACKWARD = torch.ops.rtcnorm.layer_norm_backward.default
-
-
-def _op():
-    try:
-        return torch.ops.rtcnorm.norm_quant.default
-    except AttributeError:
-        raise RuntimeError("rtcnorm: quant= needs the norm_quant op, which this build of rtcnorm lacks") from None
 
 
 def _forward(input, residual, weight, bias, norm, shape, eps, quant, mode, zero_centered_gamma):
     """Runs the op; returns (QuantizedTensor, h, mean, rstd)."""
     scale = quant.scale_tensor()
-    data, scales, amax, h, mean, rstd = _op()(
+    data, scales, amax, h, mean, rstd = NORM_QUANT(
         input, residual, shape, weight, bias, eps, norm, quant.recipe, quant.dtype, scale, quant.layout,
         zero_centered_gamma, mode,
     )  # fmt: skip

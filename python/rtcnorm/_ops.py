@@ -16,6 +16,7 @@ import operator
 import torch
 
 from . import _C
+from .quantized import BLOCK_SCALE_DTYPE, BLOCK_SIZE, RECIPE_DTYPES
 
 _lib = "rtcnorm::"
 
@@ -83,14 +84,8 @@ def _layer_norm_backward_fake(
 
 
 # ---- norm_quant ----------------------------------------------------------------
-
-_QUANT_DTYPES = {
-    "per_tensor": (torch.float8_e4m3fn, torch.float8_e5m2),
-    "per_token": (torch.float8_e4m3fn, torch.float8_e5m2),
-    "mxfp8": (torch.float8_e4m3fn,),
-    "nvfp4": (torch.float4_e2m1fn_x2,),
-}
-_QUANT_BLOCK = {"mxfp8": (32, torch.float8_e8m0fnu), "nvfp4": (16, torch.float8_e4m3fn)}
+# Its autograd is not registered on the op: rtcnorm.rms_norm / layer_norm with
+# quant= wrap it in a Function (_norm_quant.py) whose output is a QuantizedTensor.
 
 
 # c10's names of dtypes, as the C++ checks print them.
@@ -132,14 +127,14 @@ def _check_norm_quant_py(
         raise TypeError(
             f"{op}input must be float32, float16 or bfloat16 for a quantized output, got {_c10_name(input.dtype)}"
         )
-    if recipe not in _QUANT_DTYPES:
-        raise ValueError(f"{op}recipe must be one of {', '.join(map(repr, _QUANT_DTYPES))}, got '{recipe}'")
-    allowed = _QUANT_DTYPES[recipe]
+    if recipe not in RECIPE_DTYPES:
+        raise ValueError(f"{op}recipe must be one of {', '.join(map(repr, RECIPE_DTYPES))}, got '{recipe}'")
+    allowed = RECIPE_DTYPES[recipe]
     if out_dtype not in allowed:
         names = " or ".join(str(d) for d in allowed)
         raise ValueError(f"{op}out_dtype must be {names} for recipe '{recipe}', got {_c10_name(out_dtype)}")
     if scale_layout == "blocked":
-        if recipe not in _QUANT_BLOCK:
+        if recipe not in BLOCK_SIZE:
             raise ValueError(f"{op}scale_layout 'blocked' is for the block recipes 'mxfp8' and 'nvfp4', not '{recipe}'")
     elif scale_layout != "plain":
         raise ValueError(f"{op}scale_layout must be 'plain' or 'blocked', got '{scale_layout}'")
@@ -158,6 +153,7 @@ def _check_norm_quant_py(
         raise ValueError(f"{op}scale must be on the CPU or on input's device {input.device}, got {scale.device}")
 
 
+@torch.library.register_fake(_lib + "norm_quant")
 def _norm_quant_fake(
     input,
     residual,
@@ -173,9 +169,9 @@ def _norm_quant_fake(
     zero_centered_gamma=False,
     mode=None,
 ):
-    args = (input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode)
+    # The extension's own check where it binds one (same arguments), else the Python twin.
     check = getattr(_C, "_check_norm_quant", _check_norm_quant_py)
-    check(*args)
+    check(input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode)
     lead = _lead_shape(input, normalized_shape)
     n = functools.reduce(operator.mul, normalized_shape, 1)
     rows = functools.reduce(operator.mul, lead, 1)
@@ -189,7 +185,7 @@ def _norm_quant_fake(
     elif recipe == "per_token":
         scales = input.new_empty((*lead, 1), dtype=f32)
     else:
-        block, sdtype = _QUANT_BLOCK[recipe]
+        block, sdtype = BLOCK_SIZE[recipe], BLOCK_SCALE_DTYPE[recipe]
         blocks = (n + block - 1) // block
         if scale_layout == "plain":
             scales = input.new_empty((*lead, blocks), dtype=sdtype)
@@ -199,15 +195,3 @@ def _norm_quant_fake(
     h = _empty_like(input) if residual is not None else input.new_empty((0,))
     mean = input.new_empty(lead if norm == "layer_norm" else (0,), dtype=f32)
     return data, scales, amax, h, mean, input.new_empty(lead, dtype=f32)
-
-
-def _has_op(name):
-    try:
-        getattr(torch.ops.rtcnorm, name)
-    except AttributeError:
-        return False
-    return True
-
-
-if _has_op("norm_quant"):
-    torch.library.register_fake(_lib + "norm_quant")(_norm_quant_fake)
