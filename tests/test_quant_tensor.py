@@ -212,3 +212,12 @@ def test_linear_on_hand_built():
     qt, _ = hand_built("per_token", (6, 32), 32, orig=torch.float32)
     w = torch.randn(5, 32)
     torch.testing.assert_close(F.linear(qt, w), F.linear(qt.dequantize(), w), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("recipe", "layout"), [("per_token", "plain"), ("mxfp8", "blocked"), ("nvfp4", "plain")])
+def test_compiled_function_takes_it(recipe, layout):
+    # Flattened into its held tensors; aot_eager because inductor's CPU code has no E8M0 or FP4 types.
+    qt, _ = hand_built(recipe, (6, 64), 64, layout)
+    w = torch.randn(5, 64)
+    out = torch.compile(F.linear, fullgraph=True, backend="aot_eager")(qt, w)
+    torch.testing.assert_close(out, F.linear(qt.dequantize(), w), rtol=0, atol=0)
