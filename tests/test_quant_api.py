@@ -109,6 +109,64 @@ def test_training_grads_through_dequantize(norm_quant, norm):
     run_grad_case("rms_norm", QUANTS["per_token"](), torch.float32, "cpu", residual=True, through_dequantize=True)
 
 
+def quant_for(recipe, dtype, amax, layout, device):
+    """A Quant whose given scale maps the tensor's amax to the format's top."""
+    top = {E4M3: 448.0, E5M2: 57344.0, FP4: 448.0 * 6}[dtype]
+    scale = torch.tensor([top / amax], device=device) if recipe in ("per_tensor", "nvfp4") else None
+    return Q(recipe, dtype, scale, layout)
+
+
+def error_bound(recipe, dtype, y, scale, n):
+    """|dequantized - y| allowed by the format: rounding at the value's
+    magnitude plus half the subnormal spacing at its scale (y: rows x n)."""
+    a = y.abs()
+    if recipe == "per_tensor":
+        return a * {E4M3: 2**-4, E5M2: 2**-3}[dtype] + {E4M3: 2**-10, E5M2: 2**-17}[dtype] / scale
+    if recipe == "per_token":
+        return a * 2**-4 + 2**-10 * a.amax(1, keepdim=True) / 448
+    block = 32 if recipe == "mxfp8" else 16
+    pad = torch.nn.functional.pad(a, (0, -n % block)).view(a.shape[0], -1, block)
+    amax = pad.amax(-1).repeat_interleave(block, 1)[:, :n]
+    if recipe == "mxfp8":  # [448, 512) times the block scale saturates to 448
+        return a * 2**-3 + amax * 2**-16
+    return a * 2**-2 + amax / 12  # E2M1 half-spacing, block scale rounded in E4M3
+
+
+TRACK_CASES = {  # id -> (recipe, data dtype, scale layout)
+    "per_tensor_e4m3": ("per_tensor", E4M3, "plain"),
+    "per_tensor_e5m2": ("per_tensor", E5M2, "plain"),
+    "per_token": ("per_token", E4M3, "plain"),
+    "mxfp8": ("mxfp8", E4M3, "plain"),
+    "mxfp8_blocked": ("mxfp8", E4M3, "blocked"),
+    "nvfp4": ("nvfp4", FP4, "plain"),
+    "nvfp4_blocked": ("nvfp4", FP4, "blocked"),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(("recipe", "dtype", "layout"), list(TRACK_CASES.values()), ids=list(TRACK_CASES))
+def test_dequantized_output_tracks_the_norm(norm_quant, recipe, dtype, layout, device):
+    # Blocks of a row differ in magnitude by powers of two, differently in each
+    # row, so a scale read from the wrong block or row breaks the bound. 300 rows
+    # and n = 200 leave partial blocks and a partial tile of the blocked layout.
+    m, n = 300, 200
+    r, j = torch.arange(m)[:, None], torch.arange(n)[None, :]
+    x = (torch.randn(m, n) * torch.exp2(((r + j // 16) % 6).float())).to(device)
+    w = torch.exp2(((torch.arange(n) // 32) % 4).float() - 2).to(device)
+    y = ref_rms_norm(x, [n], w)["y"].cpu()
+    amax = float(y.abs().max())
+    q = quant_for(recipe, dtype, amax, layout, device)
+    qt = rtcnorm.rms_norm(x, n, w, quant=q)
+    err = (qt.dequantize(torch.float64).cpu() - y).abs()
+    bound = error_bound(recipe, dtype, y, None if q.scale is None else float(q.scale), n)
+    worst = int((err - bound).argmax())
+    assert bool((err <= bound).all()), (
+        f"element {divmod(worst, n)}: error {err.flatten()[worst]:.3g} > {bound.flatten()[worst]:.3g}"
+    )
+    if recipe in ("per_tensor", "nvfp4"):
+        torch.testing.assert_close(float(qt.absmax), amax, rtol=1e-5, atol=0)
+
+
 def same_tensor(a, b):
     return (a.data_ptr(), a.shape, a.stride(), a.dtype) == (b.data_ptr(), b.shape, b.stride(), b.dtype)
 
