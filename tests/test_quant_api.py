@@ -220,6 +220,15 @@ def test_linear_on_output(norm_quant, quant):
     )
 
 
+@pytest.mark.parametrize("quant", list(QUANTS))
+def test_zero_rows(norm_quant, quant):
+    x = torch.randn(0, 3, 40, requires_grad=True)
+    qt = rtcnorm.rms_norm(x, 40, quant=QUANTS[quant]())
+    assert qt.shape == (0, 3, 40) and qt.dequantize().shape == (0, 3, 40)
+    qt.dequantize().sum().backward()
+    assert x.grad.shape == (0, 3, 40)
+
+
 def test_double_backward_raises(norm_quant):
     x = torch.randn(3, 32, requires_grad=True)
     qt = rtcnorm.rms_norm(x, 32, quant=Q("per_token"))

@@ -167,7 +167,7 @@ def _e2m1_values(packed: torch.Tensor, n: int) -> torch.Tensor:
     bit 3, exponent bits 1-2 with bias 1, mantissa bit 0), so no table is
     copied to the device."""
     b = packed.view(torch.uint8)
-    codes = torch.stack((b & 0xF, b >> 4), dim=-1).view(b.shape[0], -1)[:, :n].int()
+    codes = torch.stack((b & 0xF, b >> 4), dim=-1).view(b.shape[0], 2 * b.shape[1])[:, :n].int()
     e, m = (codes >> 1) & 3, (codes & 1).float()
     mag = torch.where(e == 0, m * 0.5, torch.ldexp(1 + m * 0.5, e - 1))
     return torch.where(codes >= 8, -mag, mag)
@@ -250,7 +250,7 @@ class QuantizedTensor(torch.Tensor):
         n = self.n
         rows = self.numel() // n
         if self.recipe == "nvfp4":
-            q = _e2m1_values(self.qdata.reshape(rows, -1), n)
+            q = _e2m1_values(self.qdata.reshape(rows, _ceil_div(n, 2)), n)
         else:
             q = self.qdata.reshape(rows, n).float()
         if self.recipe == "per_tensor":
