@@ -220,6 +220,21 @@ def test_linear_on_output(norm_quant, quant):
     )
 
 
+@pytest.mark.parametrize("quant", ["per_token", "mxfp8_blocked", "nvfp4"])
+def test_strided_rows(norm_quant, quant):
+    # Rows 100 apart in memory: the saved input is the strided view itself.
+    x = torch.randn(6, 100, dtype=torch.bfloat16)[:, 10:74].requires_grad_()
+    w = torch.randn(64, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(6, 64, dtype=torch.bfloat16)
+    qt = rtcnorm.rms_norm(x, 64, w, quant=QUANTS[quant]())
+    dense = rtcnorm.rms_norm(x.detach().contiguous(), 64, w.detach(), quant=QUANTS[quant]())
+    assert torch.equal(qt.dequantize(), dense.dequantize())
+    qt.backward(dy)
+    ref = ref_rms_norm(x, [64], w, dy=dy)
+    assert_close(x.grad, ref["dx"], what="dx")
+    assert_close(w.grad, ref["dw"], what="dw", reduce_len=6)
+
+
 @pytest.mark.parametrize("quant", list(QUANTS))
 def test_zero_rows(norm_quant, quant):
     x = torch.randn(0, 3, 40, requires_grad=True)
