@@ -26,7 +26,7 @@ LAYER_NORM_BACKWARD = torch.ops.rtcnorm.layer_norm_backward.default
 
 def _forward(input, residual, weight, bias, norm, shape, eps, quant, mode, zero_centered_gamma):
     """Runs the op; returns (QuantizedTensor, h, mean, rstd)."""
-    scale = quant.scale_tensor()
+    scale = quant.scale_tensor(input.device)
     data, scales, amax, h, mean, rstd = NORM_QUANT(
         input, residual, shape, weight, bias, eps, norm, quant.recipe, quant.dtype, scale, quant.layout,
         zero_centered_gamma, mode,

@@ -113,14 +113,14 @@ class Quant:
         if not (math.isfinite(s) and s > 0):
             raise ValueError(f"rtcnorm.Quant: scale must be finite and > 0, got {s!r}")
 
-    def scale_tensor(self) -> torch.Tensor | None:
-        """The scale as norm_quant takes it: a float32 tensor (a float becomes
-        a one-element CPU tensor, which the op reads on the host; no device
-        copy or fill kernel)."""
+    def scale_tensor(self, device=None) -> torch.Tensor | None:
+        """The scale as norm_quant takes it: a float32 tensor. A float becomes
+        a one-element tensor filled on ``device`` (input's): a CPU scale would
+        cost the op a blocking host-to-device copy for per_tensor."""
         s = self.scale
         if s is None or isinstance(s, torch.Tensor):
             return s
-        return torch.tensor([float(s)], dtype=torch.float32)
+        return torch.full((1,), float(s), dtype=torch.float32, device=device)
 
 
 def _ceil_div(a, b):
