@@ -57,9 +57,11 @@ class Quant:
             (float8_e4m3fn; float4_e2m1fn_x2 for nvfp4). per_tensor and
             per_token also take float8_e5m2.
         scale: per_tensor's QUANTIZE multiplier (q = y * scale) or nvfp4's
-            global encode scale; a float or a one-element float32 tensor (a
-            tensor may be updated in place between calls, for delayed
-            scaling). Required for per_tensor and nvfp4, refused otherwise.
+            global encode scale; a float or a one-element float32 tensor,
+            best on the input's device (a tensor may be updated in place
+            between calls, for delayed scaling; a CPU one costs per_tensor
+            a blocking copy on CUDA). Required for per_tensor and nvfp4,
+            refused otherwise.
         layout: of the block scales, "plain" (rows x blocks, row-major) or
             "blocked" (the 128x4-tile layout torch._scaled_mm and cuBLAS take;
             mxfp8 and nvfp4 only).
