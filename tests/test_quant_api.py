@@ -1,7 +1,6 @@
 """The training and inference forms of ``quant=``: straight-through gradients
 against the float64 reference, what is saved, F.linear on the output, the
-fake impl (shapes and refusals match the op) and torch.compile. Every test
-runs norm_quant and skips where this build lacks it."""
+fake impl (shapes and refusals match the op) and torch.compile."""
 
 from __future__ import annotations
 
@@ -26,12 +25,6 @@ QUANTS = {  # name -> Quant for a device
     "nvfp4": lambda d="cpu": Q("nvfp4", scale=448.0 * 6 / 8),
     "nvfp4_blocked": lambda d="cpu": Q("nvfp4", scale=torch.tensor(448.0 * 6 / 8, device=d), layout="blocked"),
 }
-
-
-@pytest.fixture
-def norm_quant():
-    if not hasattr(torch.ops.rtcnorm, "norm_quant"):
-        pytest.skip("needs torch.ops.rtcnorm.norm_quant, which this build of rtcnorm lacks")
 
 
 # ---- the op's training and inference forms ---------------------------------------
@@ -70,18 +63,18 @@ def run_grad_case(norm, quant, dtype, device, *, weight=True, zc=False, residual
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("quant", list(QUANTS))
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
-def test_training_grads_straight_through(norm_quant, norm, quant, dtype):
+def test_training_grads_straight_through(norm, quant, dtype):
     run_grad_case(norm, QUANTS[quant](), dtype, "cpu")
 
 
 @pytest.mark.parametrize(("weight", "zc"), [(False, False), (True, True)])
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
-def test_training_grads_weight_variants(norm_quant, norm, weight, zc):
+def test_training_grads_weight_variants(norm, weight, zc):
     run_grad_case(norm, QUANTS["mxfp8"](), torch.float32, "cpu", weight=weight, zc=zc, shape=(2, 3, 40))
 
 
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
-def test_training_grads_float32_weight(norm_quant, norm):
+def test_training_grads_float32_weight(norm):
     # bf16 input beside a float32 weight (and bias): dW, dB in float32.
     run_grad_case(norm, QUANTS["nvfp4"](), torch.bfloat16, "cpu", shape=(5, 48), wdtype=torch.float32)
 
@@ -89,7 +82,7 @@ def test_training_grads_float32_weight(norm_quant, norm):
 @pytest.mark.parametrize("quant", ["per_tensor_e5m2", "per_token", "mxfp8_blocked", "nvfp4"])
 @pytest.mark.parametrize(("norm", "residual", "bias"), [("rms_norm", False, False), ("rms_norm", True, False),
                                                         ("layer_norm", False, True)])  # fmt: skip
-def test_opcheck(norm_quant, quant, norm, residual, bias):
+def test_opcheck(quant, norm, residual, bias):
     q = QUANTS[quant]()
     x = torch.randn(3, 5, 40, dtype=torch.bfloat16)
     r, b = torch.randn_like(x) if residual else None, torch.randn(40) if bias else None
@@ -98,12 +91,12 @@ def test_opcheck(norm_quant, quant, norm, residual, bias):
 
 
 @pytest.mark.parametrize("quant", ["per_tensor", "per_token", "nvfp4_blocked"])
-def test_training_grads_residual(norm_quant, quant):
+def test_training_grads_residual(quant):
     run_grad_case("rms_norm", QUANTS[quant](), torch.bfloat16, "cpu", residual=True)
 
 
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
-def test_training_grads_through_dequantize(norm_quant, norm):
+def test_training_grads_through_dequantize(norm):
     # dequantize() is differentiable: the loss may be taken on the dense value, in another dtype.
     run_grad_case(norm, QUANTS["mxfp8"](), torch.bfloat16, "cpu", through_dequantize=True)
     run_grad_case("rms_norm", QUANTS["per_token"](), torch.float32, "cpu", residual=True, through_dequantize=True)
@@ -145,7 +138,7 @@ TRACK_CASES = {  # id -> (recipe, data dtype, scale layout)
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize(("recipe", "dtype", "layout"), list(TRACK_CASES.values()), ids=list(TRACK_CASES))
-def test_dequantized_output_tracks_the_norm(norm_quant, recipe, dtype, layout, device):
+def test_dequantized_output_tracks_the_norm(recipe, dtype, layout, device):
     # Blocks of a row differ in magnitude by powers of two, differently in each
     # row, so a scale read from the wrong block or row breaks the bound. 300 rows
     # and n = 200 leave partial blocks and a partial tile of the blocked layout.
@@ -177,7 +170,7 @@ def quant_dtype_or_subclass(t):
 
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("quant", ["per_tensor", "mxfp8_blocked", "nvfp4"])
-def test_saves_no_quantized_tensor(norm_quant, quant, residual):
+def test_saves_no_quantized_tensor(quant, residual):
     x = torch.randn(4, 64, requires_grad=True)
     w = torch.randn(64, requires_grad=True)
     r = torch.randn(4, 64) if residual else None
@@ -191,7 +184,7 @@ def test_saves_no_quantized_tensor(norm_quant, quant, residual):
     assert [t.dtype for t in saved[3:]] == [torch.float32] * 2 and saved[4].shape == (4,)
 
 
-def test_inference_form_saves_nothing(norm_quant):
+def test_inference_form_saves_nothing():
     x, w = torch.randn(3, 32, requires_grad=True), torch.randn(32, requires_grad=True)
     packed = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
@@ -203,7 +196,7 @@ def test_inference_form_saves_nothing(norm_quant):
 
 
 @pytest.mark.parametrize("quant", ["per_token", "mxfp8", "nvfp4_blocked"])
-def test_linear_on_output(norm_quant, quant):
+def test_linear_on_output(quant):
     x = torch.randn(2, 5, 64, dtype=torch.bfloat16, requires_grad=True)
     lw = torch.randn(24, 64, dtype=torch.bfloat16, requires_grad=True)
     qt = rtcnorm.rms_norm(x, 64, quant=QUANTS[quant]())
@@ -221,7 +214,7 @@ def test_linear_on_output(norm_quant, quant):
 
 
 @pytest.mark.parametrize("quant", ["per_token", "mxfp8_blocked", "nvfp4"])
-def test_strided_rows(norm_quant, quant):
+def test_strided_rows(quant):
     # Rows 100 apart in memory: the saved input is the strided view itself.
     x = torch.randn(6, 100, dtype=torch.bfloat16)[:, 10:74].requires_grad_()
     w = torch.randn(64, dtype=torch.bfloat16, requires_grad=True)
@@ -236,7 +229,7 @@ def test_strided_rows(norm_quant, quant):
 
 
 @pytest.mark.parametrize("quant", list(QUANTS))
-def test_zero_rows(norm_quant, quant):
+def test_zero_rows(quant):
     x = torch.randn(0, 3, 40, requires_grad=True)
     qt = rtcnorm.rms_norm(x, 40, quant=QUANTS[quant]())
     assert qt.shape == (0, 3, 40) and qt.dequantize().shape == (0, 3, 40)
@@ -244,7 +237,7 @@ def test_zero_rows(norm_quant, quant):
     assert x.grad.shape == (0, 3, 40)
 
 
-def test_double_backward_raises(norm_quant):
+def test_double_backward_raises():
     x = torch.randn(3, 32, requires_grad=True)
     qt = rtcnorm.rms_norm(x, 32, quant=Q("per_token"))
     (gx,) = torch.autograd.grad(qt, x, torch.randn(3, 32), create_graph=True)
@@ -253,7 +246,7 @@ def test_double_backward_raises(norm_quant):
         penalty.backward()
 
 
-def test_quant_argument_errors(norm_quant):
+def test_quant_argument_errors():
     x = torch.randn(2, 32)
     with pytest.raises(TypeError, match=re.escape("rtcnorm.rms_norm: quant must be an rtcnorm.Quant or None, got str")):
         rtcnorm.rms_norm(x, 32, quant="mxfp8")
@@ -265,7 +258,7 @@ def test_quant_argument_errors(norm_quant):
 
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("quant", list(QUANTS))
-def test_fake_matches_real(norm_quant, quant, residual):
+def test_fake_matches_real(quant, residual):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     q = QUANTS[quant]()
@@ -310,7 +303,7 @@ BAD_CALLS = {  # name -> the call, and what its message says
 
 
 @pytest.mark.parametrize("case", list(BAD_CALLS))
-def test_fake_refuses_like_the_op(norm_quant, case):
+def test_fake_refuses_like_the_op(case):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     c = BAD_CALLS[case]
@@ -332,7 +325,7 @@ def test_fake_refuses_like_the_op(norm_quant, case):
 
 
 @pytest.mark.parametrize("quant", ["per_token", "mxfp8_blocked", "nvfp4"])
-def test_compiled_training_matches_eager(norm_quant, quant):
+def test_compiled_training_matches_eager(quant):
     # aot_eager: inductor's CPU code generation has no E8M0 or FP4 types.
     def f(x, w, lw):
         return F.linear(rtcnorm.rms_norm(x, 64, w, quant=QUANTS[quant]()), lw)
@@ -351,14 +344,14 @@ def test_compiled_training_matches_eager(norm_quant, quant):
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", list(QUANTS))
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
-def test_gpu_training_grads_straight_through(norm_quant, norm, quant):
+def test_gpu_training_grads_straight_through(norm, quant):
     run_grad_case(norm, QUANTS[quant]("cuda"), torch.bfloat16, "cuda", shape=(300, 1000))
     run_grad_case("rms_norm", QUANTS[quant]("cuda"), torch.bfloat16, "cuda", residual=True, shape=(7, 4096))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", list(QUANTS))
-def test_gpu_dequantize_matches_cpu(norm_quant, quant):
+def test_gpu_dequantize_matches_cpu(quant):
     x = torch.randn(300, 1000, dtype=torch.bfloat16, device="cuda")
     qt = rtcnorm.rms_norm(x, 1000, quant=QUANTS[quant]("cuda"))
     moved = qt.to("cpu")
