@@ -181,6 +181,9 @@ def test_constructor_refuses():
     with pytest.raises(ValueError, match="qdata for recipe 'mxfp8' must be torch.float8_e4m3fn, got torch.float32"):
         rtcnorm.QuantizedTensor(torch.zeros(2, 32), None, None, recipe="mxfp8", orig_dtype=torch.float32, n=32,
                                 shape=(2, 32))  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("n (48) must be a positive divisor of shape (2, 32)'s size")):
+        rtcnorm.QuantizedTensor(torch.zeros(2, 32).to(E4M3), torch.ones(2, 1), None, recipe="per_token",
+                                orig_dtype=torch.float32, n=48, shape=(2, 32))  # fmt: skip
     with pytest.raises(ValueError, match="global_scale is required for nvfp4 and only for it"):
         rtcnorm.QuantizedTensor(torch.zeros(2, 16, dtype=torch.uint8).view(FP4), None, None, recipe="nvfp4",
                                 orig_dtype=torch.float32, n=32, shape=(2, 32))  # fmt: skip

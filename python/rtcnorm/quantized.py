@@ -187,8 +187,8 @@ class QuantizedTensor(torch.Tensor):
     dims; mxfp8 / nvfp4: block scales, (rows, blocks) plain or 1-D blocked),
     ``absmax`` (the unquantized output's fp32 amax, shape (), per_tensor and
     nvfp4; else empty), ``global_scale`` (nvfp4's encode scale gs, shape
-    ()), ``recipe``, ``scale_layout``,
-    ``orig_dtype`` and ``n`` (the normalized width).
+    ()), ``recipe``, ``scale_layout``, ``orig_dtype`` and ``n`` (the
+    normalized width, a divisor of the size).
 
     detach, alias, clone and device moves keep it quantized; in-place writes
     to it raise; every other op runs on ``dequantize()``.
@@ -211,6 +211,10 @@ class QuantizedTensor(torch.Tensor):
             )
         if (recipe == "nvfp4") != (global_scale is not None):
             raise ValueError("rtcnorm.QuantizedTensor: global_scale is required for nvfp4 and only for it")
+        if n < 1 or math.prod(shape) % n:
+            raise ValueError(
+                f"rtcnorm.QuantizedTensor: n ({n}) must be a positive divisor of shape {tuple(shape)}'s size"
+            )
         return torch.Tensor._make_wrapper_subclass(
             cls, shape, dtype=orig_dtype, device=qdata.device, requires_grad=False
         )
@@ -225,7 +229,7 @@ class QuantizedTensor(torch.Tensor):
             f"dtype={self.orig_dtype}, qdtype={self.qdata.dtype}, device={self.device})"
         )
 
-    def _rewrap(self, fn, shape=None) -> QuantizedTensor:
+    def _rewrap(self, fn) -> QuantizedTensor:
         return QuantizedTensor(
             fn(self.qdata),
             fn(self.scale),
@@ -234,7 +238,7 @@ class QuantizedTensor(torch.Tensor):
             scale_layout=self.scale_layout,
             orig_dtype=self.orig_dtype,
             n=self.n,
-            shape=self.shape if shape is None else shape,
+            shape=self.shape,
             global_scale=None if self.global_scale is None else fn(self.global_scale),
         )
 
