@@ -57,7 +57,6 @@ def run_grad_case(norm, quant, dtype, device, *, weight=True, zc=False, residual
         assert_close(w.grad, ref["dw"], what="dw", reduce_len=rows)
     if b is not None:
         assert_close(b.grad, ref["db"], what="db", reduce_len=rows)
-    return qt, x
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
