@@ -23,6 +23,7 @@ from .functional import layer_norm, rms_norm  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
 from .modules import LayerNorm, RMSNorm  # noqa: E402
 from .patch import PatchSummary, patch, patched, unpatch  # noqa: E402
+from .quantized import Quant, QuantizedTensor  # noqa: E402
 from .softmax import (  # noqa: E402
     FusedScaleMaskSoftmax,
     scaled_aligned_causal_masked_softmax,
@@ -37,6 +38,8 @@ __version__ = "0.1.0"
 __all__ = [
     "MODES",
     "PatchSummary",
+    "Quant",
+    "QuantizedTensor",
     "FusedScaleMaskSoftmax",
     "LayerNorm",
     "RMSNorm",
@@ -46,6 +49,7 @@ __all__ = [
     "layer_norm",
     "patch",
     "patched",
+    "quantized",
     "rms_norm",
     "scaled_aligned_causal_masked_softmax",
     "scaled_masked_softmax",

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 import torch
 
 from . import tuning
+from ._norm_quant import norm_quant
 from .modes import MODES, check_mode
+from .quantized import Quant
 
 RMS_NORM = torch.ops.rtcnorm.rms_norm.default
 ADD_RMS_NORM = torch.ops.rtcnorm.add_rms_norm.default
@@ -64,6 +66,7 @@ def rms_norm(
     mode: str | None = None,
     zero_centered_gamma: bool = False,
     residual: torch.Tensor | None = None,
+    quant: Quant | None = None,
 ):
     """RMSNorm over the trailing ``normalized_shape`` dims, like ``F.rms_norm``.
 
@@ -76,7 +79,15 @@ def rms_norm(
     dtype) and returns ``(rms_norm(h), h)``; gradients flow to both.
     ``mode`` picks the forward kernel (see :data:`rtcnorm.MODES`). The
     backward is once differentiable: a second derivative raises.
+
+    With ``quant`` (an :class:`rtcnorm.Quant`), the output is an
+    :class:`rtcnorm.QuantizedTensor` (and ``h`` stays dense); its gradient is
+    taken straight through, as if it had not been quantized.
     """
+    if quant is not None:
+        shape = checked_shape(normalized_shape, "rms_norm")
+        return norm_quant("rms_norm", input, shape, weight, None, eps, quant, residual=residual, mode=mode,
+                          zero_centered_gamma=zero_centered_gamma)  # fmt: skip
     checked_mode(mode, "rms_norm")
     if tuning.AUTOTUNE:
         tuning.maybe_autotune("rms_norm", input, weight, None, residual, mode, zero_centered_gamma)
@@ -102,6 +113,7 @@ def layer_norm(
     *,
     mode: str | None = None,
     zero_centered_gamma: bool = False,
+    quant: Quant | None = None,
 ) -> torch.Tensor:
     """LayerNorm over the trailing ``normalized_shape`` dims, like ``F.layer_norm``.
 
@@ -110,7 +122,14 @@ def layer_norm(
     registers, Chan-merged chunk moments otherwise), and
     ``g = weight``, ``1 + weight`` (``zero_centered_gamma``) or 1. The
     backward is once differentiable: a second derivative raises.
+
+    With ``quant`` (an :class:`rtcnorm.Quant`), the output is an
+    :class:`rtcnorm.QuantizedTensor`, its gradient taken straight through.
     """
+    if quant is not None:
+        shape = checked_shape(normalized_shape, "layer_norm")
+        return norm_quant("layer_norm", input, shape, weight, bias, eps, quant, residual=None, mode=mode,
+                          zero_centered_gamma=zero_centered_gamma)  # fmt: skip
     checked_mode(mode, "layer_norm")
     if tuning.AUTOTUNE:
         tuning.maybe_autotune("layer_norm", input, weight, bias, None, mode, zero_centered_gamma)
