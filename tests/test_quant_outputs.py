@@ -281,6 +281,6 @@ BAD_ARGS = {
 def test_bad_arguments_name_the_argument(case):
     change, pattern = BAD_ARGS[case]
     a = {**_base_args(), **change}
-    with pytest.raises((RuntimeError, ValueError), match=pattern):
+    with pytest.raises((RuntimeError, ValueError, TypeError), match=pattern):
         run_op(a["x"], a["residual"], a["ns"], a["w"], a["b"], a["eps"], a["norm"], a["recipe"], a["out_dtype"],
                a["scale"], a["layout"], a["zcg"])  # fmt: skip
