@@ -284,3 +284,48 @@ def test_bad_arguments_name_the_argument(case):
     with pytest.raises((RuntimeError, ValueError, TypeError), match=pattern):
         run_op(a["x"], a["residual"], a["ns"], a["w"], a["b"], a["eps"], a["norm"], a["recipe"], a["out_dtype"],
                a["scale"], a["layout"], a["zcg"])  # fmt: skip
+
+
+# ---- exact ties through the op ---------------------------------------------------
+
+# With x = 1 and eps = 0, rstd is exactly 1 and y = weight exactly, so these
+# weights put y on rounding boundaries, where the random tests tolerate either
+# neighbour: here only the even code passes. (recipe, out_dtype, scale, y, want)
+_T = [1.0625, 1.1875, -(2.0**-10), 3 * 2.0**-10]  # e4m3 ties: 1, 1.25, -0, 2^-8
+TIE_CASES = {
+    "per_tensor": ("per_tensor", E4M3, 1.0, _T + [464.0, -1e6], [1.0, 1.25, 0.0, 2.0**-8, 448.0, -448.0]),
+    "per_token": ("per_token", E4M3, None, _T + [448.0], [1.0, 1.25, 0.0, 2.0**-8, 448.0]),
+    "per_token_e5m2": ("per_token", E5M2, None, [1.125, 1.375, 57344.0], [1.0, 1.5, 57344.0]),
+    # Block 0: amax 460 -> scale 1, 460 saturates to 448. Block 1: amax 512 -> scale 2; 2.125 / 2 ties to 1.
+    "mxfp8": ("mxfp8", E4M3, None, [460.0, 1.0625] + [1.0] * 30 + [512.0, 2.125], [448.0, 1.0] + [1.0] * 30 + [512.0, 2.0]),
+    # gs = 1 and a block amax of 6 make S = 1 and enc = 1: y itself is rounded to E2M1.
+    "nvfp4": ("nvfp4", torch.float4_e2m1fn_x2, 1.0, [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -5.0],
+              [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 0.0, -4.0]),
+}  # fmt: skip
+
+
+@needs_op
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("case", sorted(TIE_CASES))
+def test_exact_ties_go_to_even_through_the_op(case, device):
+    recipe, out_dtype, scale, y, want = TIE_CASES[case]
+    n = 40 if recipe == "nvfp4" else len(y)
+    w = torch.tensor(y + [1.0] * (n - len(y)), device=device)
+    x = torch.ones(3, n, device=device)
+    s = None if scale is None else torch.tensor([scale], device=device)
+    data, scales, *_ = run_op(x, None, [n], w, None, 0.0, "rms_norm", recipe, out_dtype, s, "plain", False)
+    if recipe == "nvfp4":
+        got = code_values(unpack_nibbles(data.cpu(), n), "e2m1")
+        deq = dequantize(recipe, data.cpu(), scales.cpu(), n, gs=scale)
+    else:
+        got = code_values(data.cpu().view(torch.uint8), out_dtype)
+        deq = dequantize(recipe, data.cpu(), scales.cpu(), n)
+    vals = deq if recipe == "mxfp8" else got
+    for row in vals.tolist():
+        assert row[: len(want)] == want, f"{case}: {row[: len(want)]} != {want}"
+    ref = quantize(w.cpu().double().expand(3, n), recipe, out_dtype, scale=scale)
+    assert torch.equal(torch.where(got == 0, 0.0, got), torch.where(ref_vals(ref, n) == 0, 0.0, ref_vals(ref, n)))
+
+
+def ref_vals(ref, n):
+    return code_values(unpack_nibbles(ref.data, n), "e2m1") if ref.fmt == "e2m1" else code_values(ref.data, ref.fmt)
