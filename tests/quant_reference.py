@@ -226,7 +226,9 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 def nan_ignoring_amax(y: torch.Tensor, dim=None) -> torch.Tensor:
     """max |y| with NaN ignored (fmaxf from 0), rounded to fp32."""
     a = torch.nan_to_num(y.double().abs(), nan=0.0, posinf=math.inf)
-    return _f32(a.amax() if dim is None else a.amax(dim))
+    if dim is None:
+        return _f32(a.amax() if a.numel() else a.new_zeros(()))
+    return _f32(a.amax(dim))
 
 
 def block_amax(y: torch.Tensor, block: int) -> torch.Tensor:

@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from quant_checks import NORMS, RECIPE_IDS, RECIPES, check_norm_quant, make_inputs, needs_op, run_op
 from quant_reference import (
     blocked_offset,
@@ -223,6 +225,26 @@ def test_cpu_nan_and_inf_columns(recipe, out_dtype, layout, bad):
     scale = torch.tensor([1.0]) if recipe == "per_tensor" else torch.tensor([100.0]) if recipe == "nvfp4" else None
     check_norm_quant(x, (50,), norm="rms_norm", recipe=recipe, out_dtype=out_dtype, layout=layout, weight=w,
                      scale=scale)  # fmt: skip
+
+
+@needs_op
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lead=st.lists(st.integers(0, 5), min_size=0, max_size=2),
+    ns=st.lists(st.integers(1, 80), min_size=1, max_size=2),
+    dtype=st.sampled_from(DTYPES),
+    norm=st.sampled_from(NORMS),
+    recipe=st.sampled_from(range(len(RECIPES))),
+    zcg=st.booleans(),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_cpu_property_matches_reference(lead, ns, dtype, norm, recipe, zcg, strided, seed):
+    torch.manual_seed(seed)
+    recipe, out_dtype, layout = RECIPES[recipe]
+    x, r, w, b = make_inputs((*lead, *ns), ns, dtype, "cpu", norm, strided=strided, zero_centered_gamma=zcg)
+    check_norm_quant(x, ns, norm=norm, recipe=recipe, out_dtype=out_dtype, layout=layout, residual=r, weight=w,
+                     bias=b, zcg=zcg)  # fmt: skip
 
 
 # ---- argument errors -----------------------------------------------------------
