@@ -1,0 +1,261 @@
+"""Runs torch.ops.rtcnorm.norm_quant and checks every output against
+quant_reference, for the CPU and GPU test files of quantized outputs.
+
+Data and block scales must equal the reference exactly, except for elements
+whose value lies within fp32 rounding of a rounding boundary (the op
+normalizes in fp32, the reference in float64). There the op may pick the
+other neighbouring code; such cases are counted, must be rare, and nothing
+else may differ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import rtcnorm  # noqa: F401  (loads the op library)
+import torch
+from quant_reference import (
+    BLOCK,
+    FMAX,
+    blocked_numel,
+    blocked_offset,
+    code_values,
+    from_blocked,
+    nan_ignoring_amax,
+    near_boundary,
+    near_power_of_two,
+    norm_reference,
+    nvfp4_scale_input,
+    quantize,
+    table_for,
+    unpack_nibbles,
+)
+from reference import assert_close
+
+HAS_OP = hasattr(torch.ops.rtcnorm, "norm_quant")
+needs_op = pytest.mark.skipif(not HAS_OP, reason="torch.ops.rtcnorm.norm_quant is not built into this rtcnorm yet")
+
+# (recipe, out_dtype, scale_layout) for every combination the contract allows.
+RECIPES = [
+    ("per_tensor", torch.float8_e4m3fn, "plain"),
+    ("per_tensor", torch.float8_e5m2, "plain"),
+    ("per_token", torch.float8_e4m3fn, "plain"),
+    ("per_token", torch.float8_e5m2, "plain"),
+    ("mxfp8", torch.float8_e4m3fn, "plain"),
+    ("mxfp8", torch.float8_e4m3fn, "blocked"),
+    ("nvfp4", torch.float4_e2m1fn_x2, "plain"),
+    ("nvfp4", torch.float4_e2m1fn_x2, "blocked"),
+]
+RECIPE_IDS = [f"{r}-{str(d).split('_', 1)[1]}-{lay}" for r, d, lay in RECIPES]
+NORMS = ["rms_norm", "rms_norm+residual", "layer_norm"]
+# fp32 y differs from float64 y by a few ulps (reduction, rsqrt, products).
+REL = 2.0**-20
+
+
+def allowed_mismatches(numel: int) -> int:
+    """Near-boundary mismatches tolerated: 0.1% of the elements plus 16.
+    Low-precision inputs put values exactly on boundaries more often than
+    chance: per_token of bf16 rms_norm cancels rstd, leaving ratios of 16-bit
+    products that are ties in exact arithmetic (about 1.5e-4 of elements,
+    bunched in rows whose amax has trailing zero bits)."""
+    return 16 + numel // 1000
+
+
+def make_inputs(shape, ns, dtype, device, norm, *, strided=False, zero_centered_gamma=False):
+    """Fresh random inputs; ``strided`` gives rows with a stride wider than N."""
+    n = math.prod(ns)
+
+    def draw(scale=1.0):
+        if not strided:
+            return (torch.randn(shape, device=device, dtype=torch.float64) * scale).to(dtype)
+        wide = torch.randn(*shape[:-1], shape[-1] + 5, device=device, dtype=torch.float64) * scale
+        return wide.to(dtype)[..., : shape[-1]]
+
+    x = draw(2.0)
+    residual = draw() if norm == "rms_norm+residual" else None
+    wscale = 0.5 if zero_centered_gamma else 1.0
+    w = (torch.randn(ns, device=device, dtype=torch.float64) * wscale + (0 if zero_centered_gamma else 1)).to(dtype)
+    b = (torch.randn(ns, device=device, dtype=torch.float64) * 0.3).to(dtype) if norm == "layer_norm" else None
+    assert w.numel() == n
+    return x, residual, w, b
+
+
+def default_scale(recipe, out_dtype, y):
+    """per_tensor: a multiplier that saturates the top ~10% of |y|'s range;
+    nvfp4: the usual global scale 448 * 6 / amax."""
+    a = float(nan_ignoring_amax(y))
+    a = a if math.isfinite(a) and a > 0 else 1.0
+    if recipe == "per_tensor":
+        return torch.tensor([FMAX[out_dtype] / (0.9 * a)], dtype=torch.float32, device=y.device)
+    if recipe == "nvfp4":
+        return torch.tensor([448.0 * 6.0 / a], dtype=torch.float32, device=y.device)
+    return None
+
+
+def run_op(x, residual, ns, w, b, eps, norm, recipe, out_dtype, scale, layout, zcg):
+    return torch.ops.rtcnorm.norm_quant(
+        x,
+        residual,
+        list(ns),
+        w,
+        b,
+        eps,
+        norm,
+        recipe,
+        out_dtype,
+        scale=scale,
+        scale_layout=layout,
+        zero_centered_gamma=zcg,
+    )
+
+
+def _values(codes, fmt):
+    v = code_values(codes, fmt)
+    return torch.where(v == 0, 0.0, v)  # -0 and +0 both stand for zero
+
+
+def _adjacent(a, b, fmt):
+    """True where magnitudes a and b are neighbouring entries of the table."""
+    table = table_for(fmt, a.device)
+    ia = torch.searchsorted(table, a.abs().nan_to_num(0.0))
+    ib = torch.searchsorted(table, b.abs().nan_to_num(0.0))
+    same_sign = (torch.sign(a) == torch.sign(b)) | (a == 0) | (b == 0)
+    return ((ia - ib).abs() == 1) & same_sign
+
+
+def compare_codes(actual, expected, scaled, fmt, what, rel=REL, spread=None) -> int:
+    """Codes must match except neighbours at near-boundary elements; returns
+    the count of those."""
+    va, ve = _values(actual, fmt), _values(expected, fmt)
+    diff = ~((va == ve) | (torch.isnan(va) & torch.isnan(ve)))
+    if not bool(diff.any()):
+        return 0
+    ok = near_boundary(scaled, fmt, rel, spread) & _adjacent(va, ve, fmt)
+    bad = diff & ~ok
+    if bool(bad.any()):
+        idx = bad.nonzero()[:5].tolist()
+        first = tuple(idx[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {diff.numel()} codes differ from the reference away from a "
+            f"rounding boundary; first at {idx}: op {va[first].item()} ref {ve[first].item()} "
+            f"(value before rounding {scaled[first].item()!r})"
+        )
+    return int(diff.sum())
+
+
+def check_scales(recipe, actual_plain, ref, gs, rel=REL) -> int:
+    """Returns the count of block scales that took the neighbouring value
+    because the block amax sat within fp32 rounding of a boundary."""
+    if recipe == "per_tensor":
+        assert torch.equal(actual_plain, ref.scales), f"scales {actual_plain} != 1/scale {ref.scales}"
+        return 0
+    if recipe == "per_token":
+        torch.testing.assert_close(actual_plain.double(), ref.scales.double(), rtol=rel, atol=0, msg="per_token scales")
+        return 0
+    if recipe == "mxfp8":
+        a, e = actual_plain.view(torch.uint8).long(), ref.scales.view(torch.uint8).long()
+        ok = (a == e) | (((a - e).abs() == 1) & near_power_of_two(ref.block_amax, rel, ref.block_spread))
+        assert bool(ok.all()), f"mxfp8 scales differ at {(~ok).nonzero()[:5].tolist()}"
+        return int((a != e).sum())
+    s_in = nvfp4_scale_input(ref.block_amax, gs)
+    s_spread = nvfp4_scale_input(ref.block_spread, gs)
+    e4m3 = torch.float8_e4m3fn
+    return compare_codes(actual_plain.view(torch.uint8), ref.scales.view(torch.uint8), s_in, e4m3, "nvfp4 scales",
+                         rel, s_spread)  # fmt: skip
+
+
+def check_norm_quant(
+    x, ns, *, norm, recipe, out_dtype, layout="plain", residual=None, weight=None, bias=None, eps=None,
+    zcg=False, scale=None, poison=None,
+):  # fmt: skip
+    """Runs the op and checks all six outputs; returns (elements, data
+    near-boundary mismatches, scale near-boundary mismatches)."""
+    base = "rms_norm" if norm.startswith("rms_norm") else norm
+    if scale is None:
+        y = norm_reference(x, residual, list(ns), weight, bias, eps, base, zcg)["y"]
+        scale = default_scale(recipe, out_dtype, y)
+    if poison is not None:
+        poison(8 * x.numel() + (64 << 20))
+    outs = run_op(x, residual, ns, weight, bias, eps, base, recipe, out_dtype, scale, layout, zcg)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return check_outputs(outs, x, ns, norm=base, recipe=recipe, out_dtype=out_dtype, layout=layout, residual=residual,
+                         weight=weight, bias=bias, eps=eps, zcg=zcg, scale=scale)  # fmt: skip
+
+
+def check_outputs(
+    outs, x, ns, *, norm, recipe, out_dtype, layout, residual, weight, bias, eps, zcg, scale, check_amax=True
+):  # fmt: skip
+    """Checks the op's outputs ``outs`` for input ``x`` (also usable on a
+    slice of rows of a call, with plain scales of those rows and
+    ``check_amax=False``)."""
+    data, scales, amax, h, mean, rstd = outs
+    base = norm
+    n = math.prod(ns)
+    lead = tuple(x.shape[: x.dim() - len(ns)])
+    m = math.prod(lead)
+    ref_n = norm_reference(x, residual, list(ns), weight, bias, eps, base, zcg)
+    y = ref_n["y"].reshape(m, n)
+
+    # ---- shapes, dtypes
+    assert data.dtype == out_dtype, f"data dtype {data.dtype}"
+    exp_data_shape = lead + ((n + 1) // 2,) if recipe == "nvfp4" else tuple(x.shape)
+    assert tuple(data.shape) == exp_data_shape, f"data shape {tuple(data.shape)} != {exp_data_shape}"
+    s_blocks = -(-n // BLOCK[recipe]) if recipe in BLOCK else 1
+
+    # ---- scales (plain view), then data given the op's own block scales
+    spread = ref_n["spread"].reshape(m, n)
+    ref = quantize(y, recipe, out_dtype, scale=scale, spread=spread)
+    if layout == "blocked":
+        assert scales.dim() == 1 and scales.numel() == blocked_numel(m, s_blocks), f"blocked scales {scales.shape}"
+        plain = from_blocked(scales, m, s_blocks)
+        pad = scales.view(torch.uint8).clone()
+        pad.view(-1)[_blocked_positions(m, s_blocks, scales.device)] = 0
+        assert not bool(pad.any()), "blocked scales: padding entries are not 0"
+    else:
+        exp_scale_shape = {"per_tensor": (), "per_token": lead + (1,)}.get(recipe, lead + (s_blocks,))
+        assert tuple(scales.shape) == exp_scale_shape, f"scales shape {tuple(scales.shape)} != {exp_scale_shape}"
+        plain = scales.reshape(ref.scales.shape)
+    assert plain.dtype == ref.scales.dtype, f"scales dtype {plain.dtype} != {ref.scales.dtype}"
+    n_scale = check_scales(recipe, plain, ref, scale)
+    if recipe in BLOCK and n_scale:
+        ref = quantize(y, recipe, out_dtype, scale=scale, block_scales=plain, spread=spread)
+
+    if recipe == "nvfp4":
+        raw = data.reshape(m, (n + 1) // 2).view(torch.uint8)
+        if n % 2:
+            assert not bool((raw[:, -1] >> 4).any()), "nvfp4: an odd N's last high nibble is not 0"
+        got = unpack_nibbles(raw, n)
+        want = unpack_nibbles(ref.data, n)
+    else:
+        got = data.reshape(m, n).view(torch.uint8)
+        want = ref.data
+    n_data = compare_codes(got, want, ref.scaled, ref.fmt, f"{recipe} data", spread=ref.spread)
+    cap = allowed_mismatches(m * n)
+    assert n_data <= cap and n_scale <= cap, f"near-boundary mismatches: data {n_data}, scales {n_scale}, cap {cap}"
+
+    # ---- amax, h, mean, rstd
+    if not check_amax:
+        pass
+    elif recipe in ("per_tensor", "nvfp4"):
+        assert amax.dtype == torch.float32 and amax.shape == (), f"amax {amax.dtype} {tuple(amax.shape)}"
+        torch.testing.assert_close(amax.double(), ref.amax.double(), rtol=REL, atol=0, msg="amax")
+    else:
+        assert amax.shape == (0,) and amax.dtype == torch.float32, f"amax must be empty fp32, got {amax.shape}"
+    if residual is not None:
+        assert h.dtype == x.dtype and torch.equal(h, ref_n["h"]), "h != input + residual in input's dtype"
+    else:
+        assert h.shape == (0,) and h.dtype == x.dtype, f"h must be empty {x.dtype}, got {h.shape} {h.dtype}"
+    if base == "layer_norm":
+        assert_close(mean, ref_n["mean"], what="mean")
+    else:
+        assert mean.shape == (0,) and mean.dtype == torch.float32, f"mean must be empty fp32, got {mean.shape}"
+    assert_close(rstd, ref_n["rstd"], what="rstd")
+    return m * n, n_data, n_scale
+
+
+def _blocked_positions(m, s, device):
+    r = torch.arange(m, device=device)[:, None]
+    c = torch.arange(s, device=device)[None, :]
+    return blocked_offset(r, c, s).reshape(-1)
