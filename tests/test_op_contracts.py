@@ -239,7 +239,24 @@ def test_explain_refuses_a_negative_size_before_planning():
         rtcnorm.explain("rms_norm", (4, 64), arch="sm_75")
     with pytest.raises(ValueError, match=r"rtcnorm\.explain: needs rows >= 0, a row of 1 to 2\^24 elements"):
         native.explain_norm(
-            "rms_norm", 4, -5, "float32", "float32", None, True, False, False, False, -1, 132, 90, True, True, None, None, "plain"
+            "rms_norm",
+            4,
+            -5,
+            "float32",
+            "float32",
+            None,
+            True,
+            False,
+            False,
+            False,
+            -1,
+            132,
+            90,
+            True,
+            True,
+            None,
+            None,
+            "plain",
         )
 
 

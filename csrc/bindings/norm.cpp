@@ -11,8 +11,8 @@
 
 #include "jit/kernel_cache.h"
 #include "ops/norm/kernel_families.h"
-#include "ops/norm/quant.h"
 #include "ops/norm/launch_geometry.h"
+#include "ops/norm/quant.h"
 #include "ops/norm/tuned_plans.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan_memo.h"
@@ -111,8 +111,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   const NormProblem pb =
       problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual, single_stride);
   NormProblem p = pb;  // the forward's, with its output epilogue
-  if (quant_recipe.has_value())
-    p.quant = quant_flags(*quant_recipe, quant_dtype, scale_layout, pb.dtype);
+  if (quant_recipe.has_value()) p.quant = quant_flags(*quant_recipe, quant_dtype, scale_layout, pb.dtype);
   std::optional<c10::string_view> mv;
   if (mode.has_value()) mv = c10::string_view(mode->data(), mode->size());
   const NormMode requested = parse_mode(mv, op.c_str());

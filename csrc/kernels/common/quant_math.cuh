@@ -110,13 +110,15 @@ RTCNORM_QFN unsigned e2m1_code(float v) {
   if (!(a == a)) return 0x7u;
   const unsigned mag = static_cast<unsigned>(a > 0.25f) + static_cast<unsigned>(a >= 0.75f) +
                        static_cast<unsigned>(a > 1.25f) + static_cast<unsigned>(a >= 1.75f) +
-                       static_cast<unsigned>(a > 2.5f) + static_cast<unsigned>(a >= 3.5f) + static_cast<unsigned>(a > 5.f);
+                       static_cast<unsigned>(a > 2.5f) + static_cast<unsigned>(a >= 3.5f) +
+                       static_cast<unsigned>(a > 5.f);
   return (bits_of(v) >> 31) << 3 | mag;
 }
 
 RTCNORM_QFN float e4m3_value(unsigned c) {
   const unsigned e = (c >> 3) & 0xfu, m = c & 7u;
-  const float mag = e == 0 ? static_cast<float>(m) * pow2(-9) : static_cast<float>(8u + m) * pow2(static_cast<int>(e) - 10);
+  const float mag =
+      e == 0 ? static_cast<float>(m) * pow2(-9) : static_cast<float>(8u + m) * pow2(static_cast<int>(e) - 10);
   return (c & 0x80u) ? -mag : mag;
 }
 

@@ -216,7 +216,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     }
 
     // The fp32 outputs of vector slot i of chunk c (vector v of the row).
-    const auto normalized = [&](int c, int i, int v, float (&out)[VEC]) {
+    const auto normalized = [&](int c, int i, int v, float(&out)[VEC]) {
       PT xv;
       if constexpr (kCached)
         xv = cache[i];

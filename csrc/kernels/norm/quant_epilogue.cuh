@@ -96,8 +96,8 @@ struct QuantEpilogue {
   }
 
   __device__ __forceinline__ void scale_store(const NormFwdParams& p, long long row, int blk, unsigned code) {
-    const long long at = (FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_offset(row, blk, p.scale_cols)
-                                                       : row * p.scale_cols + blk;
+    const long long at =
+        (FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_offset(row, blk, p.scale_cols) : row * p.scale_cols + blk;
     static_cast<unsigned char*>(p.scales)[at] = static_cast<unsigned char>(code);
   }
 
@@ -129,7 +129,8 @@ struct QuantEpilogue {
       if constexpr (kRecipe == quant::kMxfp8) {
         const unsigned code = quant::e8m0_of_amax(a);
         if (scale_writer) scale_store(p, row, blk, code);
-        if (ok) store<unsigned char, VEC, CS>(y, row * N + 1LL * v * VEC, fp8_pack<false, VEC>(f, quant::e8m0_inverse(code)));
+        if (ok)
+          store<unsigned char, VEC, CS>(y, row * N + 1LL * v * VEC, fp8_pack<false, VEC>(f, quant::e8m0_inverse(code)));
       } else {
         const unsigned code = quant::nvfp4_scale_code(a, qscale);
         if (scale_writer) scale_store(p, row, blk, code);
@@ -139,7 +140,8 @@ struct QuantEpilogue {
           Pack<unsigned char, VEC / 2> q;
 #pragma unroll
           for (int j = 0; j < VEC; j += 2)
-            q.e[j / 2] = static_cast<unsigned char>(quant::e2m1_code(f[j] * enc) | quant::e2m1_code(f[j + 1] * enc) << 4);
+            q.e[j / 2] =
+                static_cast<unsigned char>(quant::e2m1_code(f[j] * enc) | quant::e2m1_code(f[j + 1] * enc) << 4);
           if (ok) store<unsigned char, VEC / 2, CS>(y, row * kRowBytes + v * (VEC / 2), q);
         } else {
           // One element a lane: even lanes join their odd neighbour's code

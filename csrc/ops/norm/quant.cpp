@@ -138,7 +138,8 @@ void quantize_rows_cpu(const QuantSpec& q, const at::Tensor& y, float scale, Qua
           mult = amax > 0.f ? fmax / amax : 1.f;
         }
         for (int64_t j = 0; j < n; ++j)
-          data[i * n + j] = static_cast<unsigned char>(e5 ? quant::e5m2_code(yr[j] * mult) : quant::e4m3_code(yr[j] * mult));
+          data[i * n + j] =
+              static_cast<unsigned char>(e5 ? quant::e5m2_code(yr[j] * mult) : quant::e4m3_code(yr[j] * mult));
         continue;
       }
       for (int64_t b = 0; b * block < n; ++b) {
@@ -150,7 +151,8 @@ void quantize_rows_cpu(const QuantSpec& q, const at::Tensor& y, float scale, Qua
           const unsigned code = quant::e8m0_of_amax(a);
           scales[at] = static_cast<unsigned char>(code);
           const float mult = quant::e8m0_inverse(code);
-          for (int64_t j = j0; j < j1; ++j) data[i * n + j] = static_cast<unsigned char>(quant::e4m3_code(yr[j] * mult));
+          for (int64_t j = j0; j < j1; ++j)
+            data[i * n + j] = static_cast<unsigned char>(quant::e4m3_code(yr[j] * mult));
         } else {
           const unsigned code = quant::nvfp4_scale_code(a, scale);
           scales[at] = static_cast<unsigned char>(code);

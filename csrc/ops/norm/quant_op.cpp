@@ -23,9 +23,9 @@ using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::T
 template <bool kCuda>
 Outputs norm_quant(const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
                    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                   std::optional<double> eps, c10::string_view norm, c10::string_view recipe,
-                   at::ScalarType out_dtype, const std::optional<at::Tensor>& scale, c10::string_view scale_layout,
-                   bool zero_centered_gamma, std::optional<c10::string_view> mode) {
+                   std::optional<double> eps, c10::string_view norm, c10::string_view recipe, at::ScalarType out_dtype,
+                   const std::optional<at::Tensor>& scale, c10::string_view scale_layout, bool zero_centered_gamma,
+                   std::optional<c10::string_view> mode) {
   const bool rms = norm == "rms_norm";
   TORCH_CHECK_VALUE(rms || norm == "layer_norm", "rtcnorm.norm_quant: norm must be 'rms_norm' or 'layer_norm', got '",
                     std::string(norm), "'");
@@ -62,12 +62,15 @@ Outputs norm_quant(const at::Tensor& input, const std::optional<at::Tensor>& res
     };
     o = norm_forward_cpu(kind, op, xf, std::nullopt, normalized_shape, f32(weight), f32(bias), e, zero_centered_gamma);
     o.h = h;
-    if (d.rows > 0)
-      quantize_rows_cpu(q, o.y.reshape({d.rows, d.hidden}).contiguous(), host_scale(scale), qo);
+    if (d.rows > 0) quantize_rows_cpu(q, o.y.reshape({d.rows, d.hidden}).contiguous(), host_scale(scale), qo);
   }
   const auto stat = input.options().dtype(at::kFloat);
-  return {qo.data, qo.scales, qo.amax, o.h.defined() ? o.h : at::empty({0}, input.options()),
-          o.mean.defined() ? o.mean : at::empty({0}, stat), o.rstd};
+  return {qo.data,
+          qo.scales,
+          qo.amax,
+          o.h.defined() ? o.h : at::empty({0}, input.options()),
+          o.mean.defined() ? o.mean : at::empty({0}, stat),
+          o.rstd};
 }
 
 }  // namespace
