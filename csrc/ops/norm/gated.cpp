@@ -144,8 +144,7 @@ void check_gated_backward(const at::Tensor& grad_out, const at::Tensor& input, c
   check_gated_tensors(kBwdOp, input, gate, weight, group_size, activation, cuda);
   check_like_input(kBwdOp, "grad_out", grad_out, input);
   check_same_device(kBwdOp, "rstd", rstd, input);
-  c10::SymInt stats = input.sym_size(-1);
-  if (group_size.has_value()) stats = stats / *group_size;
+  c10::SymInt stats = group_size.has_value() ? input.sym_size(-1) / *group_size : c10::SymInt(1);
   for (int64_t i = 0; i + 1 < input.dim(); ++i) stats = stats * input.sym_size(i);
   const at::ScalarType want = stat_dtype(input);
   TORCH_CHECK_VALUE(rstd.scalar_type() == want && sym_equal(rstd.sym_numel(), stats), "rtcnorm.", kBwdOp,
