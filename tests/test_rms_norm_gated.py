@@ -246,3 +246,62 @@ def test_precompile_registers_the_op():
         "rms_norm_gated", hidden_sizes=[2048], dtypes=[torch.bfloat16], modes=[None], archs=["sm_90"]
     )
     assert len(lines) == 4 and all("rms_norm_gated" in line for line in lines), lines
+
+
+# ---- rtcnorm.patch on transformers' gated norms ----------------------------------------
+
+
+def _gated_hf_modules():
+    transformers = pytest.importorskip("transformers")
+    models = transformers.models
+    return {
+        "mamba2": models.mamba2.modeling_mamba2.MambaRMSNormGated(64, group_size=16),
+        "falcon_h1_first": models.falcon_h1.modeling_falcon_h1.FalconH1RMSNormGated(64, n_groups=4),
+        "falcon_h1_gate": models.falcon_h1.modeling_falcon_h1.FalconH1RMSNormGated(
+            64, n_groups=2, norm_before_gate=False
+        ),
+        "qwen3_next": models.qwen3_next.modeling_qwen3_next.Qwen3NextRMSNormGated(64),
+        "kimi_linear": models.kimi_linear.modeling_kimi_linear.KimiLinearRMSNormGated(64),
+    }
+
+
+EXPECTED_LABELS = {
+    "mamba2": "rms_norm_gated (gate before norm, silu, groups from group_size)",
+    "falcon_h1_first": "rms_norm_gated (norm before gate, silu, groups from n_groups)",
+    "falcon_h1_gate": "rms_norm_gated (gate before norm, silu, groups from n_groups)",
+    "qwen3_next": "rms_norm_gated (norm before gate, silu)",
+    "kimi_linear": "rms_norm_gated (norm before gate, sigmoid)",
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_patch_transformers_gated_norms_match_their_forward(dtype):
+    import copy
+
+    from rtcnorm.patch import is_patched
+
+    mods = torch.nn.ModuleDict(_gated_hf_modules())
+    with torch.no_grad():
+        for m in mods.values():
+            m.weight.normal_()
+    mods = mods.to(dtype)
+    orig = copy.deepcopy(mods)
+    summary = rtcnorm.patch(mods)
+    assert {s.name: s.kind for s in summary.swapped} == EXPECTED_LABELS and not summary.skipped, str(summary)
+    for name, m in mods.items():
+        assert is_patched(m), name
+        x = torch.randn(3, 5, 64, dtype=dtype, requires_grad=True)
+        z = torch.randn(3, 5, 64, dtype=dtype, requires_grad=True)
+        dy = torch.randn(3, 5, 64, dtype=dtype)
+        outs = []
+        for mod in (m, orig[name]):
+            y = mod(x, z)
+            outs.append((y, *torch.autograd.grad(y, (x, z, mod.weight), dy)))
+        scale = 4.0 if dtype == torch.bfloat16 else 1.0  # the originals round twice in bf16
+        for what, a, b in zip(("y", "dx", "dz", "dw"), *outs):
+            assert a.dtype == b.dtype, (name, what)
+            assert_close(a, b.double(), what=f"{name} {what}", reduce_len=15, scale=scale)
+    # Without a gate the module's own forward runs.
+    x = torch.randn(4, 64, dtype=dtype)
+    torch.testing.assert_close(mods["mamba2"](x), orig["mamba2"](x))
+    assert sorted(rtcnorm.unpatch(mods)) == sorted(EXPECTED_LABELS)
