@@ -211,7 +211,12 @@ def test_kernels_compile_for_each_arch_and_dtype(arch):
     jobs = [
         (dt, n, g, order, sigmoid, arch)
         for dt in DTYPES
-        for (n, g, order, sigmoid) in ((4096, 4096, True, False), (4096, 1024, False, True), (33, 11, True, True))
+        for (n, g, order, sigmoid) in (
+            (4096, 4096, True, False),
+            (4096, 1024, False, True),
+            (33, 11, True, True),
+            (4097, 4097, False, False),
+        )
     ]
     jobs.append(("bfloat16", 4096, 4096, False, False, arch, "float32"))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -239,6 +244,9 @@ def test_plans_fall_back_only_past_the_register_rows():
     assert _C._gated_plan("bfloat16", "bfloat16", 16384, 16384, True, True, False, 90)["backward"] is not None
     assert _C._gated_plan("bfloat16", "bfloat16", 131072, 131072, True, True, False, 90)["backward"] is None
     assert _C._gated_plan("float32", "float32", 4096, 2, True, True, False, 90)["forward"] is None
+    # Odd widths take one-element vectors, more of them a thread.
+    odd = _C._gated_plan("float16", "float16", 4097, 4097, True, True, False, 90)
+    assert odd["forward"]["vec"] == 1 and odd["backward"]["vecs_per_thread"] == 9
 
 
 def test_precompile_registers_the_op():

@@ -40,9 +40,12 @@ const jit::KernelFamily kGatedBwd{"rms_norm_gated_bwd", "rms_norm_gated.cuh",
 
 // Threads a CTA may have: the launch bounds then leave 128 registers a thread.
 constexpr int kMaxThreads = 512;
-// Vectors a thread keeps of a segment: the forward keeps x (or h) and the
-// gate factor, the backward x, z, dy and its dW sums.
-constexpr int kFwdMaxVecs = 8, kBwdMaxVecs = 4, kTargetVecs = 4;
+// Elements a thread keeps of a segment (NV * VEC), for 16-bit rows and
+// half that for float32 ones: the forward keeps x (or h) and the gate
+// factor, the backward x, z, dy and its dW sums, within 128 registers.
+constexpr int kFwdMaxElems = 64, kBwdMaxElems = 32;
+// Vectors a thread takes before a segment gets more threads.
+constexpr int kTargetVecs = 4;
 constexpr int kMinThreads = 128;
 
 // A row's x or gate as (tensor, row stride): the leading dims collapse into
@@ -79,7 +82,8 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   int64_t tpr = 1;
   while (div_up(sv, tpr) > kTargetVecs && tpr * 2 * s <= kMaxThreads) tpr *= 2;
   const int64_t nv = div_up(sv, tpr);
-  if (nv > (backward ? kBwdMaxVecs : kFwdMaxVecs)) return std::nullopt;
+  const int64_t max_elems = (backward ? kBwdMaxElems : kFwdMaxElems) / (esize == 4 ? 2 : 1);
+  if (nv * vec > max_elems) return std::nullopt;
   const int64_t rt = tpr * s;
   int64_t rows = 1;
   while ((rt * rows < kMinThreads || rt * rows % 32 != 0) && rt * rows <= kMaxThreads) ++rows;
