@@ -161,22 +161,23 @@ def test_fake_impl_checks_like_the_op():
             OPS.rms_norm_gated(x, x, None, None, False, 5, "silu")
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_compile_fullgraph(backend):
+@pytest.mark.parametrize("backend,dynamic", [("eager", False), ("aot_eager", False), ("aot_eager", True)])
+def test_compile_fullgraph(backend, dynamic):
     torch._dynamo.reset()
 
     def f(x, z, w):
         return rtcnorm.rms_norm_gated(x, z, w, 1e-5, norm_before_gate=False, group_size=8).sum(-1) * 2
 
-    x, z, w = (t.requires_grad_() for t in gated_inputs((6, 32), torch.float32, "cpu"))
-    compiled = torch.compile(f, backend=backend, fullgraph=True, dynamic=False)
-    out = compiled(x, z, w)
-    grads = torch.autograd.grad(out.sum(), (x, z, w))
-    ref = f(x, z, w)
-    ref_grads = torch.autograd.grad(ref.sum(), (x, z, w))
-    torch.testing.assert_close(out, ref)
-    for a, b in zip(grads, ref_grads):
-        torch.testing.assert_close(a, b)
+    compiled = torch.compile(f, backend=backend, fullgraph=True, dynamic=dynamic)
+    for shape in ((6, 32), (3, 64), (5, 16)):
+        x, z, w = (t.requires_grad_() for t in gated_inputs(shape, torch.float32, "cpu"))
+        out = compiled(x, z, w)
+        grads = torch.autograd.grad(out.sum(), (x, z, w))
+        ref = f(x, z, w)
+        ref_grads = torch.autograd.grad(ref.sum(), (x, z, w))
+        torch.testing.assert_close(out, ref)
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b)
 
 
 # ---- the module --------------------------------------------------------------------
