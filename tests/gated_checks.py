@@ -67,7 +67,11 @@ def check_gated(x, z, w, *, eps=1e-5, norm_before_gate=True, group_size=None, ac
     ref_out, _ = gated_reference(refs[0], refs[1], refs[2], eps, norm_before_gate, group_size, activation)
     ref_out.backward(dy.double())
     rows = max(1, x.numel() // max(1, x.shape[-1]))
-    assert_close(leaves[0].grad, refs[0].grad, what="dx")
-    assert_close(leaves[1].grad, refs[1].grad, what="dz")
+    # Groups of one element: dx = rstd * dn * (1 - n^2) cancels in fp32 as
+    # n^2 nears 1 (as rms_norm's rows of one element do); so does dz where
+    # the gate comes first (dz = dx-like term * x * act').
+    scale = 10.0 if (x.shape[-1] if group_size is None else group_size) == 1 else 1.0
+    assert_close(leaves[0].grad, refs[0].grad, what="dx", scale=scale)
+    assert_close(leaves[1].grad, refs[1].grad, what="dz", scale=scale)
     if w is not None:
         assert_close(leaves[2].grad, refs[2].grad, what="dw", reduce_len=rows)
