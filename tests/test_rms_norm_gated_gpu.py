@@ -102,3 +102,14 @@ def test_gpu_module_and_compile():
     x, z, _ = gated_inputs((16, 1024), torch.bfloat16, "cuda", weight=False)
     compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x, z), m(x, z))
+
+
+def test_gpu_opcheck():
+    from torch.library import opcheck
+
+    ops = torch.ops.rtcnorm
+    x, z, w = gated_inputs((4, 256), torch.bfloat16, "cuda")
+    opcheck(ops.rms_norm_gated.default, (x.requires_grad_(), z.requires_grad_(), w, 1e-6, False, 64, "silu"))
+    x, z = x.detach(), z.detach()
+    y, rstd = ops.rms_norm_gated(x, z, w, 1e-6, True, 64, "sigmoid")
+    opcheck(ops.rms_norm_gated_backward.default, (torch.randn_like(y), x, z, rstd, w, True, 64, "sigmoid", True))
