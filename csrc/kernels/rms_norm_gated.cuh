@@ -19,7 +19,7 @@
 //   part in the reductions), so any grid of at most row_blocks CTAs works.
 // - Backward: a persistent grid-stride kernel. Each CTA sums its dW terms
 //   in fp32 registers and writes exactly one (N floats) partial row; row
-//   slots are combined in shared memory in slot order, and column_reduce.cuh
+//   slots are summed through shared memory in slot order, and column_reduce.cuh
 //   sums the partial rows in a fixed order: no atomics, and the same bits on
 //   every run for a given (M, N, grid).
 // - fp32 arithmetic throughout; outputs rounded once to T.
@@ -165,8 +165,9 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_bwd(const GatedBwdPar
   constexpr bool kDw = kW && (FLAGS & kGatedWantDw) != 0;
   static_assert(G % VEC == 0 && kSv <= kTpr * NV, "a segment is one chunk of whole vectors");
   __shared__ GroupScratch<kTpr, ROWS * kS, Sum1> scratch;
-  // Row slots' dW sums meet here in slot order (ROWS > 1 only).
-  __shared__ float combine[ROWS > 1 && kDw ? N : 1];
+  // Row slots' dW sums, summed here in slot order (ROWS > 1 only; the host
+  // keeps ROWS * N floats within 32 KB).
+  __shared__ float combine[ROWS > 1 && kDw ? ROWS * N : 1];
   const int seg_slot = threadIdx.x / kTpr;
   const int lane = threadIdx.x % kTpr;
   const int slot = seg_slot / kS, seg = seg_slot % kS;
@@ -262,22 +263,20 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_bwd(const GatedBwdPar
         for (int j = 0; j < VEC; ++j) part[v * VEC + j] = dw[i][j];
       }
     } else {
-      for (int r = 0; r < ROWS; ++r) {
-        if (slot == r) {
 #pragma unroll
-          for (int i = 0; i < NV; ++i) {
-            const int v = i * kTpr + lane;
-            if (!(kEven || v < kSv)) continue;
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * kTpr + lane;
+        if (!(kEven || v < kSv)) continue;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              float& cell = combine[col0 + v * VEC + j];
-              cell = r == 0 ? dw[i][j] : cell + dw[i][j];
-            }
-          }
-        }
-        __syncthreads();
+        for (int j = 0; j < VEC; ++j) combine[slot * N + col0 + v * VEC + j] = dw[i][j];
       }
-      for (int col = threadIdx.x; col < N; col += blockDim.x) p.partial_w[1LL * blockIdx.x * N + col] = combine[col];
+      __syncthreads();
+      for (int col = threadIdx.x; col < N; col += blockDim.x) {
+        float t = combine[col];
+#pragma unroll
+        for (int r = 1; r < ROWS; ++r) t += combine[r * N + col];
+        p.partial_w[1LL * blockIdx.x * N + col] = t;
+      }
     }
   }
 }

@@ -46,7 +46,11 @@ constexpr int kMaxThreads = 512;
 constexpr int kFwdMaxElems = 64, kBwdMaxElems = 32;
 // Vectors a thread takes before a segment gets more threads.
 constexpr int kTargetVecs = 4;
+// Threads a CTA has at least (whole warps, row slots added to reach them).
 constexpr int kMinThreads = 128;
+// The backward's row slots sum their dW through ROWS x N floats of static
+// shared memory: at most 32 KB.
+constexpr int64_t kMaxCombineFloats = 8192;
 
 // A row's x or gate as (tensor, row stride): the leading dims collapse into
 // one stride and the last dim is contiguous, else a contiguous copy.
@@ -88,6 +92,7 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   int64_t rows = 1;
   while ((rt * rows < kMinThreads || rt * rows % 32 != 0) && rt * rows <= kMaxThreads) ++rows;
   if (rt * rows > kMaxThreads) return std::nullopt;
+  if (backward && rows > 1 && rows * p.hidden > kMaxCombineFloats) return std::nullopt;
   jit::KernelKey k;
   k.family = backward ? &kGatedBwd : &kGatedFwd;
   k.dtype = p.dtype;
