@@ -250,6 +250,14 @@ def test_plans_fall_back_only_past_the_register_rows():
     assert odd["forward"]["vec"] == 1 and odd["backward"]["vecs_per_thread"] == 9
 
 
+def test_plan_compile_fills_the_cache():
+    rtcnorm.jit.reset_stats()
+    _C._gated_plan("float16", "float32", 96, 32, True, False, True, 80, compile=True)
+    assert rtcnorm.jit.stats()["compiles"] == 3  # forward, backward and the dW column reduce
+    _C._gated_plan("float16", "float32", 96, 32, True, False, True, 80, compile=True)
+    assert rtcnorm.jit.stats()["compiles"] == 3
+
+
 def test_precompile_registers_the_op():
     lines = rtcnorm.jit.precompile(
         "rms_norm_gated", hidden_sizes=[2048], dtypes=[torch.bfloat16], modes=[None], archs=["sm_90"]

@@ -5,6 +5,9 @@ deterministic backward."""
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import rtcnorm
 import torch
@@ -22,6 +25,25 @@ MODEL_CASES = [(2048, (None, 1024, 64)), (4096, (None, 1024)), (8192, (None, 102
 def _arch():
     major, minor = torch.cuda.get_device_capability()
     return major * 10 + minor
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_kernels():
+    """Compiles every kernel the matrix below launches on all CPU cores at
+    once (aligned tensors plan these keys), instead of one at a time."""
+    if not torch.cuda.is_available():
+        return
+    jobs = [
+        (DTYPE_NAMES[dt], DTYPE_NAMES[dt], n, g or n, weight, order, act == "sigmoid", _arch())
+        for dt in GPU_DTYPES
+        for n, groups in CASES + MODEL_CASES
+        for g in groups
+        for weight in (True, False)
+        for order in ORDERS
+        for act in ACTIVATIONS
+    ]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(lambda j: _C._gated_plan(*j, compile=True), jobs))
 
 
 @pytest.mark.parametrize("dtype", GPU_DTYPES)

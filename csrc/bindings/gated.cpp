@@ -7,7 +7,9 @@
 #include <optional>
 #include <string>
 
+#include "jit/kernel_cache.h"
 #include "ops/norm/gated.h"
+#include "ops/norm/kernel_families.h"
 
 namespace py = pybind11;
 
@@ -30,9 +32,12 @@ void check_backward(const at::Tensor& grad_out, const at::Tensor& input, const a
 }
 
 // The kernels a problem plans (None: the ATen composite path), with ptxas'
-// report when `resources` (compiled for `arch`, no GPU needed).
+// report when `resources` (compiled for `arch`, no GPU needed). `compile`:
+// also build the images a launch on an `arch` device loads (both kernels
+// and, with a weight, the dW column reduce) into the in-process and disk
+// caches, with the GIL released, so that callers may warm them in parallel.
 py::dict plan(const std::string& dtype, const std::string& wdtype, int64_t hidden, int64_t group, bool has_weight,
-              bool norm_first, bool sigmoid, int arch, bool resources) {
+              bool norm_first, bool sigmoid, int arch, bool resources, bool compile) {
   if (hidden < 1 || group < 1 || hidden % group != 0)
     throw py::value_error("rtcnorm: needs hidden >= 1 and a group size dividing it");
   GatedProblem p;
@@ -57,6 +62,11 @@ py::dict plan(const std::string& dtype, const std::string& wdtype, int64_t hidde
     d["vec"] = key->vec;
     d["vecs_per_thread"] = key->vecs_per_thread;
     if (resources) d["ptxas"] = g_ptxas(*key);
+    if (compile) {
+      py::gil_scoped_release release;
+      jit::compiled_image(*key);
+      if (bwd && has_weight) jit::compiled_image(column_reduce_key(p.wdtype, hidden, arch));
+    }
     out[dir] = d;
   }
   return out;
@@ -72,8 +82,8 @@ void bind_gated(py::module_& m, py::object (*ptxas)(const jit::KernelKey&)) {
         py::arg("input"), py::arg("gate"), py::arg("rstd"), py::arg("weight"), py::arg("group_size"),
         py::arg("activation"), py::arg("cuda") = py::none());
   m.def("_gated_plan", &plan, py::arg("dtype"), py::arg("wdtype"), py::arg("hidden"), py::arg("group"),
-        py::arg("has_weight"), py::arg("norm_first"), py::arg("sigmoid"), py::arg("arch"),
-        py::arg("resources") = false);
+        py::arg("has_weight"), py::arg("norm_first"), py::arg("sigmoid"), py::arg("arch"), py::arg("resources") = false,
+        py::arg("compile") = false);
 }
 
 }  // namespace rtcnorm
