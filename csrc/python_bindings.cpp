@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "arg_check_bindings.h"
+#include "bindings/gated.h"
 #include "bindings/norm.h"
 #include "bindings/softmax.h"
 #include "jit/disk_cache.h"
@@ -105,4 +106,5 @@ PYBIND11_MODULE(_C, m) {
         [](int device, uint32_t next) { advance_grid_exchange_tags(device, jit::current_stream(device), next); });
   bind_softmax(m, &ptxas_dict);
   bind_norm(m, &ptxas_dict);
+  bind_gated(m, &ptxas_dict);
 }

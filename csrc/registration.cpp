@@ -21,6 +21,16 @@ TORCH_LIBRARY(rtcnorm, m) {
       "rms_norm_backward(Tensor grad_out, Tensor input, Tensor rstd, Tensor? weight, int[] normalized_shape, "
       "bool zero_centered_gamma, bool weight_grad, Tensor? grad_h=None) -> (Tensor, Tensor)");
 
+  // ---- Gated RMSNorm (ops/norm/gated.h) ----
+  // Per group of group_size consecutive columns (None: the whole last dim);
+  // returns (y, rstd of shape lead + (N / group_size,)).
+  m.def(
+      "rms_norm_gated(Tensor input, Tensor gate, Tensor? weight=None, float? eps=None, bool norm_before_gate=True, "
+      "int? group_size=None, str activation=\"silu\") -> (Tensor, Tensor)");
+  m.def(
+      "rms_norm_gated_backward(Tensor grad_out, Tensor input, Tensor gate, Tensor rstd, Tensor? weight, "
+      "bool norm_before_gate, int? group_size, str activation, bool weight_grad) -> (Tensor, Tensor, Tensor)");
+
   // ---- LayerNorm ----
   m.def(
       "layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "

@@ -20,8 +20,9 @@ _nvrtc_paths.register()
 
 from . import _C, _ops, _softmax_ops, distributed, jit, softmax  # noqa: E402  (distributed: DTensor rules, lazily)
 from .functional import layer_norm, rms_norm  # noqa: E402
+from .gated import rms_norm_gated  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
-from .modules import LayerNorm, RMSNorm  # noqa: E402
+from .modules import LayerNorm, RMSNorm, RMSNormGated  # noqa: E402
 from .patch import PatchSummary, patch, patched, unpatch  # noqa: E402
 from .quantized import Quant, QuantizedTensor  # noqa: E402
 from .softmax import (  # noqa: E402
@@ -43,6 +44,7 @@ __all__ = [
     "FusedScaleMaskSoftmax",
     "LayerNorm",
     "RMSNorm",
+    "RMSNormGated",
     "distributed",
     "explain",
     "jit",
@@ -51,6 +53,7 @@ __all__ = [
     "patched",
     "quantized",
     "rms_norm",
+    "rms_norm_gated",
     "scaled_aligned_causal_masked_softmax",
     "scaled_masked_softmax",
     "scaled_softmax",

@@ -227,3 +227,70 @@ class LayerNorm(nn.Module):
         )
         new.load_state_dict(module.state_dict())
         return new
+
+
+class RMSNormGated(nn.Module):
+    r"""Gated RMSNorm module (Mamba2, Qwen3-Next): ``forward(x, z)`` is
+    :func:`rtcnorm.rms_norm_gated` with this module's weight and settings.
+
+    Args:
+        hidden_size: N, the last dim of the input.
+        eps: added to each group's mean square (1e-6, as Mamba2's).
+        group_size: a divisor of N; the RMS is taken within each group of
+            that many consecutive columns (None: the whole row).
+        norm_before_gate: ``y = norm(x) * w * act(z)`` when True, else
+            ``y = norm(x * act(z)) * w``.
+        activation: "silu" or "sigmoid".
+        elementwise_affine: learn a ``weight`` of N elements (ones at start).
+
+    ``z=None`` normalizes without a gate (per group), as Mamba2's module does.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        group_size: int | None = None,
+        norm_before_gate: bool = True,
+        activation: str = "silu",
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.hidden_size = int(hidden_size)
+        self.eps = eps
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.activation = activation
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(self.hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        from .gated import rms_norm_gated
+
+        if z is not None:
+            return rms_norm_gated(
+                x,
+                z,
+                self.weight,
+                self.eps,
+                norm_before_gate=self.norm_before_gate,
+                group_size=self.group_size,
+                activation=self.activation,
+            )
+        g = self.group_size or x.shape[-1]
+        y = RMS_NORM(x.unflatten(-1, (x.shape[-1] // g, g)), (g,), None, self.eps)[0].flatten(-2)
+        return y if self.weight is None else y * self.weight.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
+            f"norm_before_gate={self.norm_before_gate}, activation={self.activation!r}"
+        )

@@ -10,6 +10,8 @@ tensor. What a look-alike computes (RMSNorm or LayerNorm, scale ``weight`` or
 with rtcnorm's in float32 and in the module's dtype (see
 :mod:`rtcnorm.patch_verify`). A module that does not match is left alone
 and listed, with the reason, in the returned :class:`PatchSummary`.
+Gated look-alikes, whose forward takes ``(hidden_states, gate)``, are matched
+to :func:`rtcnorm.rms_norm_gated` the same way (:mod:`rtcnorm.patch_gated`).
 
 A swap changes only the instance's class, to a subclass of its own that
 overrides ``forward``: parameters, buffers, hooks, ``state_dict`` keys and
@@ -29,6 +31,7 @@ from torch import nn
 
 from . import modules as _rtc_modules
 from .modes import check_mode
+from .patch_gated import GatedForm, gated_forward_for, identify_gated, takes_tensor_and_gate, verify_gated
 from .patch_verify import Form, identify, module_shape, run_form, verify
 
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
@@ -88,6 +91,8 @@ def _names(names: list[str]) -> str:
 def _forward_for(form: Form):
     # The form is baked into a closure of constants, so torch.compile traces
     # straight to the rtcnorm op with no guard on a Python object.
+    if isinstance(form, GatedForm):
+        return gated_forward_for(form)
     shape_attr, eps_attr = form.shape_attr, form.eps_attr
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -184,6 +189,8 @@ def _candidate(module: nn.Module, mode) -> tuple[Form | None, str] | None:
     buffers = [k for k, _ in module.named_buffers(recurse=False)]
     if buffers:
         return None, f"has buffers: {buffers}"
+    if takes_tensor_and_gate(module):
+        return identify_gated(module, eps_attr) if not weight.is_meta else (None, "parameters are on the meta device")
     if not _takes_one_tensor(module):
         return None, f"forward takes other arguments: {inspect.signature(module.forward)}"
     if weight.is_meta:
@@ -271,7 +278,7 @@ def _verify_here(module: nn.Module, form: Form) -> str | None:
         return "parameters are on the meta device: cannot verify (materialize them, or verify=False)"
     if module_shape(module, form) == ():
         return "empty normalized_shape"
-    return verify(module, form)
+    return verify_gated(module, form) if isinstance(form, GatedForm) else verify(module, form)
 
 
 def unpatch(model: nn.Module) -> list[str]:
