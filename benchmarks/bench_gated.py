@@ -49,6 +49,9 @@ def reference(x, z, w, norm_before_gate: bool, group_size: int | None):
 
 
 def impls(order, group):
+    # A fresh dynamo state per case: every case recompiles `reference`, and
+    # past torch._dynamo.config.recompile_limit it would silently run eager.
+    torch._dynamo.reset()
     compiled = torch.compile(reference, dynamic=False)
     return {
         "rtcnorm": lambda x, z, w: rtcnorm.rms_norm_gated(x, z, w, EPS, norm_before_gate=order, group_size=group),
