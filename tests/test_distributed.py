@@ -49,6 +49,11 @@ def test_dtensor_op(pool, case):
     pool.run(f"dist_op_cases:{case}")
 
 
+@pytest.mark.parametrize("case", ["norm_quant_row_shards", "rms_norm_gated_row_shards"])
+def test_dtensor_quant_and_gated_ops(pool, case):
+    pool.run(f"dist_new_op_cases:{case}")
+
+
 MODEL_CASES = [
     "tp_sp_matches_single_process",
     "tp_sp_norm_grads_are_deterministic",
@@ -122,6 +127,6 @@ def test_rules_register_lazily_and_in_either_import_order():
         "print(torch.ops.rtcnorm.scaled_softmax_backward.default in funcs, "
         "rtcnorm.distributed.register_sharding_rules())\n",
     )
-    # import rtcnorm does not import DTensor; importing it later registers all 10 ops
-    assert rtcnorm_first.splitlines() == ["False", "10 True"], rtcnorm_first
+    # import rtcnorm does not import DTensor; importing it later registers all 13 ops
+    assert rtcnorm_first.splitlines() == ["False", "13 True"], rtcnorm_first
     assert dtensor_first == "True True", dtensor_first

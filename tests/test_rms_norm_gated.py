@@ -253,9 +253,12 @@ def test_plans_fall_back_only_past_the_register_rows():
 def test_plan_compile_fills_the_cache():
     rtcnorm.jit.reset_stats()
     _C._gated_plan("float16", "float32", 96, 32, True, False, True, 80, compile=True)
-    assert rtcnorm.jit.stats()["compiles"] == 3  # forward, backward and the dW column reduce
+    # The forward and the backward are new here; the dW column reduce (keyed by
+    # dtype and vector width only) may have been compiled by an earlier test.
+    first = rtcnorm.jit.stats()["compiles"]
+    assert first in (2, 3), rtcnorm.jit.stats()
     _C._gated_plan("float16", "float32", 96, 32, True, False, True, 80, compile=True)
-    assert rtcnorm.jit.stats()["compiles"] == 3
+    assert rtcnorm.jit.stats()["compiles"] == first
 
 
 def test_precompile_registers_the_op():

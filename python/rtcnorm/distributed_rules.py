@@ -45,6 +45,7 @@ PARAM = "param"  # weight or bias: replicated
 MASK = "mask"  # broadcastable to the input: follows it where not broadcast
 GRAD = "grad"  # weight/bias gradient: Partial where rows are sharded
 EMPTY = "empty"  # placeholder for a gradient that was not asked for
+AMAX = "amax"  # max over every row: Partial("max") where rows are sharded
 
 
 def row_placements(placements: Sequence[Placement], first_reduced_dim: int) -> tuple[Placement, ...]:
@@ -56,9 +57,10 @@ def row_placements(placements: Sequence[Placement], first_reduced_dim: int) -> t
     return tuple(p if isinstance(p, Shard) and p.dim < first_reduced_dim else Replicate() for p in placements)
 
 
-def grad_placements(rows: Sequence[Placement]) -> tuple[Placement, ...]:
-    """Weight/bias gradient placements when the rows have placements ``rows``."""
-    return tuple(Partial("sum") if isinstance(p, Shard) else Replicate() for p in rows)
+def grad_placements(rows: Sequence[Placement], reduce_op: str = "sum") -> tuple[Placement, ...]:
+    """Placements of a reduction over every row (weight/bias gradients: sum;
+    a quantized output's amax: max) when the rows have placements ``rows``."""
+    return tuple(Partial(reduce_op) if isinstance(p, Shard) else Replicate() for p in rows)
 
 
 def mask_placements(rows: Sequence[Placement], input_shape, mask_shape) -> tuple[Placement, ...]:
@@ -110,7 +112,9 @@ def _follow(op_schema: OpSchema, ref: str, first_reduced_dim: int, roles: dict, 
         costs.append(generate_redistribute_costs(strategy, target))
     outputs = []
     for role in out_roles:
-        placements = {ROW: rows, GRAD: grad_placements(rows)}.get(role, (Replicate(),) * mesh.ndim)
+        placements = {ROW: rows, GRAD: grad_placements(rows), AMAX: grad_placements(rows, "max")}.get(
+            role, (Replicate(),) * mesh.ndim
+        )
         outputs.append(DTensorSpec(mesh, placements))
     out = outputs[0] if len(outputs) == 1 else tuple(outputs)
     return OpStrategy([OpSpec(output_specs=out, input_specs=input_specs, redistribute_cost=costs)])
@@ -154,6 +158,37 @@ def layer_norm_backward_strategy(op_schema: OpSchema) -> OpStrategy:
     return _follow(op_schema, "input", _lead_dims(op_schema), roles, (ROW, dw, db))
 
 
+# (input, gate, weight, eps, norm_before_gate, group_size, activation) -> (y, rstd):
+# groups lie along the last dim, which stays whole.
+def rms_norm_gated_strategy(op_schema: OpSchema) -> OpStrategy:
+    roles = {"input": ROW, "gate": ROW, "weight": PARAM}
+    return _follow(op_schema, "input", _arg(op_schema, "input").ndim - 1, roles, (ROW, ROW))
+
+
+def rms_norm_gated_backward_strategy(op_schema: OpSchema) -> OpStrategy:
+    # (grad_out, input, gate, rstd, weight, norm_before_gate, group_size, activation, weight_grad) -> (dx, dz, dw)
+    roles = {"grad_out": ROW, "input": ROW, "gate": ROW, "rstd": ROW, "weight": PARAM}
+    dw = _want(op_schema, "weight", "weight_grad")
+    return _follow(op_schema, "input", _arg(op_schema, "input").ndim - 1, roles, (ROW, ROW, dw))
+
+
+def norm_quant_strategy(op_schema: OpSchema) -> OpStrategy:
+    """(input, residual, normalized_shape, weight, bias, eps, norm, recipe,
+    out_dtype, scale, scale_layout, ...) -> (data, scales, amax, h, mean, rstd).
+    Codes, per-row and plain block scales follow the rows; the tensor's amax
+    is a max over the ranks' rows. The blocked scale layout tiles 128 rows of
+    the whole tensor, which no rank's rows form: its rows are gathered."""
+    recipe = _arg(op_schema, "recipe")
+    blocked = _arg(op_schema, "scale_layout", "plain") == "blocked"
+    first_reduced = 0 if blocked else _lead_dims(op_schema)
+    roles = {"input": ROW, "residual": ROW, "weight": PARAM, "bias": PARAM, "scale": PARAM}
+    scales = PARAM if recipe == "per_tensor" else ROW
+    amax = AMAX if recipe in ("per_tensor", "nvfp4") else EMPTY
+    h = ROW if _arg(op_schema, "residual") is not None else EMPTY
+    mean = ROW if _arg(op_schema, "norm") == "layer_norm" else EMPTY
+    return _follow(op_schema, "input", first_reduced, roles, (ROW, scales, amax, h, mean, ROW))
+
+
 # ---- softmax ----------------------------------------------------------------
 
 
@@ -193,6 +228,9 @@ STRATEGIES = {
     _ops.scaled_upper_triang_masked_softmax.default: causal_softmax_strategy,
     _ops.scaled_aligned_causal_masked_softmax.default: causal_softmax_strategy,
     _ops.scaled_softmax_backward.default: softmax_backward_strategy,
+    _ops.rms_norm_gated.default: rms_norm_gated_strategy,
+    _ops.rms_norm_gated_backward.default: rms_norm_gated_backward_strategy,
+    _ops.norm_quant.default: norm_quant_strategy,
 }
 
 
