@@ -12,7 +12,15 @@ import torch
 from torch import nn
 
 from . import tuning
+from ._norm_quant import norm_quant
 from .functional import ADD_RMS_NORM, LAYER_NORM, RMS_NORM, checked_mode, checked_shape
+from .quantized import Quant
+
+
+def _checked_quant(quant, cls: str):
+    if quant is not None and not isinstance(quant, Quant):
+        raise TypeError(f"rtcnorm.{cls}: quant must be an rtcnorm.Quant or None, got {type(quant).__name__}")
+    return quant
 
 
 class RMSNorm(nn.Module):
@@ -44,6 +52,9 @@ class RMSNorm(nn.Module):
     ``forward(x, residual=None)`` returns ``y``; with a ``residual`` of x's
     shape and dtype it computes ``h = x + residual`` (rounded to x's dtype)
     in the same kernel and returns ``(y, h)``, gradients flowing to both.
+    With ``quant`` (an :class:`rtcnorm.Quant`, also settable later as the
+    ``quant`` attribute) ``y`` is an :class:`rtcnorm.QuantizedTensor`
+    (docs/quantized_outputs.md); it is not part of the state_dict.
 
     Inputs may be CUDA tensors (float32, float16, bfloat16; kernels are
     compiled on first use for each shape and cached on disk) or CPU tensors
@@ -67,12 +78,14 @@ class RMSNorm(nn.Module):
         *,
         mode: str | None = None,
         zero_centered_gamma: bool = False,
+        quant: Quant | None = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         self.normalized_shape = checked_shape(normalized_shape, "RMSNorm")
         checked_mode(mode, "RMSNorm")
+        self.quant = _checked_quant(quant, "RMSNorm")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.mode = mode
@@ -92,6 +105,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         # The op checks the mode and shape itself; __init__ already did.
+        if self.quant is not None:
+            return norm_quant("rms_norm", x, self.normalized_shape, self.weight, None, self.eps,
+                              _checked_quant(self.quant, "RMSNorm"), residual=residual, mode=self.mode,
+                              zero_centered_gamma=self.zero_centered_gamma)  # fmt: skip
         if tuning.AUTOTUNE:
             tuning.maybe_autotune("rms_norm", x, self.weight, None, residual, self.mode, self.zero_centered_gamma)
         if residual is None:
@@ -103,7 +120,8 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, mode={self.mode}"
-        return s + (", zero_centered_gamma=True" if self.zero_centered_gamma else "")
+        s += ", zero_centered_gamma=True" if self.zero_centered_gamma else ""
+        return s + (f", quant={self.quant}" if self.quant is not None else "")
 
     @classmethod
     def from_torch(cls, module: nn.RMSNorm, *, mode: str | None = None) -> RMSNorm:
@@ -154,7 +172,8 @@ class LayerNorm(nn.Module):
     state_dict matches torch.nn.LayerNorm's, and :meth:`from_torch` converts
     one. The backward is once differentiable: a second derivative (double
     backward) raises a RuntimeError; use torch.nn.LayerNorm where one is
-    needed.
+    needed. With ``quant`` (an :class:`rtcnorm.Quant`, also settable later as
+    the ``quant`` attribute) the output is an :class:`rtcnorm.QuantizedTensor`.
 
     Example::
 
@@ -171,12 +190,14 @@ class LayerNorm(nn.Module):
         *,
         mode: str | None = None,
         zero_centered_gamma: bool = False,
+        quant: Quant | None = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         self.normalized_shape = checked_shape(normalized_shape, "LayerNorm")
         checked_mode(mode, "LayerNorm")
+        self.quant = _checked_quant(quant, "LayerNorm")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.mode = mode
@@ -202,6 +223,10 @@ class LayerNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return norm_quant("layer_norm", x, self.normalized_shape, self.weight, self.bias, self.eps,
+                              _checked_quant(self.quant, "LayerNorm"), residual=None, mode=self.mode,
+                              zero_centered_gamma=self.zero_centered_gamma)  # fmt: skip
         if tuning.AUTOTUNE:
             tuning.maybe_autotune("layer_norm", x, self.weight, self.bias, None, self.mode, self.zero_centered_gamma)
         return LAYER_NORM(
@@ -210,7 +235,8 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, mode={self.mode}"
-        return s + (", zero_centered_gamma=True" if self.zero_centered_gamma else "")
+        s += ", zero_centered_gamma=True" if self.zero_centered_gamma else ""
+        return s + (f", quant={self.quant}" if self.quant is not None else "")
 
     @classmethod
     def from_torch(cls, module: nn.LayerNorm, *, mode: str | None = None) -> LayerNorm:
