@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/norm/quant.h"
 #include "ops/norm_checks.h"
 #include "ops/softmax/softmax.h"
 
@@ -58,6 +59,15 @@ void norm_backward(const std::string& op, const at::Tensor& grad_out, const at::
                       cuda_rules(input, cuda));
 }
 
+// Fake tensors have no value: a CPU scale's is the real op's to check.
+void norm_quant(const at::Tensor& input, const OptTensor& residual, const std::vector<c10::SymInt>& normalized_shape,
+                const OptTensor& weight, const OptTensor& bias, std::optional<double> eps, const std::string& norm,
+                const std::string& recipe, at::ScalarType out_dtype, const OptTensor& scale,
+                const std::string& scale_layout, const std::optional<std::string>& mode) {
+  check_norm_quant(input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout,
+                   view_of(mode), input.is_cuda(), /*scale_value=*/false);
+}
+
 void softmax_forward(const std::string& op, const at::Tensor& input, const OptTensor& mask, double scale,
                      std::optional<bool> cuda) {
   check_softmax_forward(softmax_op(op), input, mask.has_value() ? &*mask : nullptr, scale, cuda_rules(input, cuda));
@@ -77,6 +87,9 @@ void bind_arg_checks(py::module_& m) {
   m.def("_check_norm_backward", torch::wrap_pybind_function(norm_backward), py::arg("op"), py::arg("grad_out"),
         py::arg("input"), py::arg("mean"), py::arg("rstd"), py::arg("weight"), py::arg("bias"),
         py::arg("normalized_shape"), py::arg("grad_h"), py::arg("cuda") = py::none());
+  m.def("_check_norm_quant", torch::wrap_pybind_function(norm_quant), py::arg("input"), py::arg("residual"),
+        py::arg("normalized_shape"), py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("norm"),
+        py::arg("recipe"), py::arg("out_dtype"), py::arg("scale"), py::arg("scale_layout"), py::arg("mode"));
   m.def("_check_softmax_forward", torch::wrap_pybind_function(softmax_forward), py::arg("op"), py::arg("input"),
         py::arg("mask"), py::arg("scale"), py::arg("cuda") = py::none());
   m.def("_check_softmax_backward", torch::wrap_pybind_function(softmax_backward), py::arg("grad_output"),

@@ -358,4 +358,3 @@ def test_gpu_dequantize_matches_cpu(quant):
     assert torch.equal(qt.dequantize().cpu(), moved.dequantize())
     w = torch.randn(64, 1000, dtype=torch.bfloat16, device="cuda")
     torch.testing.assert_close(F.linear(qt, w), F.linear(qt.dequantize(), w), rtol=0, atol=0)
-

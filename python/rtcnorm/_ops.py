@@ -16,7 +16,7 @@ import operator
 import torch
 
 from . import _C
-from .quantized import BLOCK_SCALE_DTYPE, BLOCK_SIZE, RECIPE_DTYPES
+from .quantized import BLOCK_SCALE_DTYPE, BLOCK_SIZE
 
 _lib = "rtcnorm::"
 
@@ -88,71 +88,6 @@ def _layer_norm_backward_fake(
 # quant= wrap it in a Function (_norm_quant.py) whose output is a QuantizedTensor.
 
 
-# c10's names of dtypes, as the C++ checks print them.
-_C10_NAMES = {
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.int64: "Long",
-    torch.int32: "Int",
-    torch.int16: "Short",
-    torch.int8: "Char",
-    torch.uint8: "Byte",
-    torch.bool: "Bool",
-}
-
-
-def _c10_name(dtype):
-    name = str(dtype).removeprefix("torch.")
-    return _C10_NAMES.get(dtype, name[:1].upper() + name[1:])
-
-
-def _check_norm_quant_py(
-    input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode
-):
-    """norm_quant's argument check (csrc/ops/norm/quant_op.cpp, quant.cpp) for
-    tracing, where the extension binds none: the same rules in the same order,
-    with the same messages. A CPU scale's value is the real op's to check."""
-    op = "rtcnorm.norm_quant: "
-    if norm not in ("rms_norm", "layer_norm"):
-        raise ValueError(f"{op}norm must be 'rms_norm' or 'layer_norm', got '{norm}'")
-    if residual is not None and norm != "rms_norm":
-        raise ValueError(f"{op}residual is only taken with norm='rms_norm' (add_rms_norm)")
-    if bias is not None and norm != "layer_norm":
-        raise ValueError(f"{op}bias is only taken with norm='layer_norm'")
-    base = "add_rms_norm" if residual is not None else norm
-    _C._check_norm_forward(base, input, residual, normalized_shape, weight, bias, eps, mode)
-    if input.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(
-            f"{op}input must be float32, float16 or bfloat16 for a quantized output, got {_c10_name(input.dtype)}"
-        )
-    if recipe not in RECIPE_DTYPES:
-        raise ValueError(f"{op}recipe must be one of {', '.join(map(repr, RECIPE_DTYPES))}, got '{recipe}'")
-    allowed = RECIPE_DTYPES[recipe]
-    if out_dtype not in allowed:
-        names = " or ".join(str(d) for d in allowed)
-        raise ValueError(f"{op}out_dtype must be {names} for recipe '{recipe}', got {_c10_name(out_dtype)}")
-    if scale_layout == "blocked":
-        if recipe not in BLOCK_SIZE:
-            raise ValueError(f"{op}scale_layout 'blocked' is for the block recipes 'mxfp8' and 'nvfp4', not '{recipe}'")
-    elif scale_layout != "plain":
-        raise ValueError(f"{op}scale_layout must be 'plain' or 'blocked', got '{scale_layout}'")
-    if recipe not in ("per_tensor", "nvfp4"):
-        if scale is not None:
-            raise ValueError(f"{op}scale must be None for recipe '{recipe}' (its scales come from the data)")
-        return
-    if scale is None:
-        what = "the global encode scale" if recipe == "nvfp4" else "the quantize multiplier"
-        raise ValueError(f"{op}scale ({what}) is required for recipe '{recipe}'")
-    if scale.numel() != 1 or scale.dtype != torch.float32:
-        raise ValueError(
-            f"{op}scale must be a float32 tensor of one element, got {_c10_name(scale.dtype)} of shape {list(scale.shape)}"
-        )
-    if scale.device.type != "cpu" and scale.device != input.device:
-        raise ValueError(f"{op}scale must be on the CPU or on input's device {input.device}, got {scale.device}")
-
-
 @torch.library.register_fake(_lib + "norm_quant")
 def _norm_quant_fake(
     input,
@@ -169,9 +104,9 @@ def _norm_quant_fake(
     zero_centered_gamma=False,
     mode=None,
 ):
-    # The extension's own check where it binds one (same arguments), else the Python twin.
-    check = getattr(_C, "_check_norm_quant", _check_norm_quant_py)
-    check(input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode)
+    _C._check_norm_quant(
+        input, residual, normalized_shape, weight, bias, eps, norm, recipe, out_dtype, scale, scale_layout, mode
+    )
     lead = _lead_shape(input, normalized_shape)
     n = functools.reduce(operator.mul, normalized_shape, 1)
     rows = functools.reduce(operator.mul, lead, 1)

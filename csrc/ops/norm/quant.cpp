@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/norm_checks.h"
+
 namespace rtcnorm {
 namespace {
 
@@ -26,7 +28,7 @@ int64_t QuantSpec::blocks(int64_t hidden) const { return block() > 0 ? (hidden +
 int64_t QuantSpec::scale_cols(int64_t hidden) const { return blocked ? round_up(blocks(hidden), 4) : blocks(hidden); }
 
 QuantSpec check_quant_args(const at::Tensor& input, c10::string_view recipe, at::ScalarType out_dtype,
-                           const std::optional<at::Tensor>& scale, c10::string_view scale_layout) {
+                           const std::optional<at::Tensor>& scale, c10::string_view scale_layout, bool scale_value) {
   const at::ScalarType in = input.scalar_type();
   TORCH_CHECK_TYPE(in == at::kFloat || in == at::kHalf || in == at::kBFloat16, kOp,
                    "input must be float32, float16 or bfloat16 for a quantized output, got ", in);
@@ -70,11 +72,30 @@ QuantSpec check_quant_args(const at::Tensor& input, c10::string_view recipe, at:
                     "scale must be a float32 tensor of one element, got ", s.scalar_type(), " of shape ", s.sizes());
   TORCH_CHECK_VALUE(s.is_cpu() || s.device() == input.device(), kOp, "scale must be on the CPU or on input's device ",
                     input.device(), ", got ", s.device());
-  if (s.is_cpu()) {
+  if (s.is_cpu() && scale_value) {
     const float v = s.item<float>();
     TORCH_CHECK_VALUE(std::isfinite(v) && v > 0.f, kOp, "scale must be finite and positive, got ", v);
   }
   return q;
+}
+
+QuantCall check_norm_quant(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                           c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, std::optional<double> eps, c10::string_view norm,
+                           c10::string_view recipe, at::ScalarType out_dtype, const std::optional<at::Tensor>& scale,
+                           c10::string_view scale_layout, const std::optional<c10::string_view>& mode, bool cuda,
+                           bool scale_value) {
+  const bool rms = norm == "rms_norm";
+  TORCH_CHECK_VALUE(rms || norm == "layer_norm", kOp, "norm must be 'rms_norm' or 'layer_norm', got '",
+                    std::string(norm), "'");
+  TORCH_CHECK_VALUE(rms || !residual.has_value(), kOp, "residual is only taken with norm='rms_norm' (add_rms_norm)");
+  TORCH_CHECK_VALUE(!rms || !bias.has_value(), kOp, "bias is only taken with norm='layer_norm'");
+  QuantCall c;
+  c.op = rms ? (residual.has_value() ? "add_rms_norm" : "rms_norm") : "layer_norm";
+  c.kind = rms ? kRmsNorm : kLayerNorm;
+  c.mode = check_norm_forward(c.op, input, residual, normalized_shape, weight, bias, eps, mode, cuda);
+  c.spec = check_quant_args(input, recipe, out_dtype, scale, scale_layout, scale_value);
+  return c;
 }
 
 float host_scale(const std::optional<at::Tensor>& scale) { return scale.has_value() ? scale->item<float>() : 1.f; }

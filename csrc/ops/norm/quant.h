@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/SymIntArrayRef.h>
 #include <c10/util/string_view.h>
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "kernels/common/params.cuh"
 #include "kernels/common/quant_math.cuh"
+#include "ops/norm/plan/problem.h"
 
 namespace rtcnorm {
 
@@ -28,10 +30,28 @@ struct QuantSpec {
 
 // Parses and checks the quantization arguments of a call (every message
 // names rtcnorm.norm_quant and the argument): recipe, out_dtype, scale
-// (a one-element float32 tensor where the recipe takes one, finite and
-// positive when it is on the CPU), scale_layout; input's dtype.
+// (a one-element float32 tensor where the recipe takes one; finite and
+// positive when it is on the CPU and `scale_value`: a fake tensor has no
+// value to read), scale_layout; input's dtype.
 QuantSpec check_quant_args(const at::Tensor& input, c10::string_view recipe, at::ScalarType out_dtype,
-                           const std::optional<at::Tensor>& scale, c10::string_view scale_layout);
+                           const std::optional<at::Tensor>& scale, c10::string_view scale_layout,
+                           bool scale_value = true);
+
+// Every check of a norm_quant call, for the real impls and the fake one
+// (rtcnorm._C._check_norm_quant): norm, residual / bias against it, the
+// forward's own checks (check_norm_forward), then check_quant_args.
+struct QuantCall {
+  const char* op;  // "rms_norm", "add_rms_norm" or "layer_norm"
+  NormKind kind;
+  NormMode mode;
+  QuantSpec spec;
+};
+QuantCall check_norm_quant(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                           c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, std::optional<double> eps, c10::string_view norm,
+                           c10::string_view recipe, at::ScalarType out_dtype, const std::optional<at::Tensor>& scale,
+                           c10::string_view scale_layout, const std::optional<c10::string_view>& mode, bool cuda,
+                           bool scale_value = true);
 
 struct QuantOutputs {
   at::Tensor data, scales, amax;

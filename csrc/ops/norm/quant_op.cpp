@@ -26,18 +26,12 @@ Outputs norm_quant(const at::Tensor& input, const std::optional<at::Tensor>& res
                    std::optional<double> eps, c10::string_view norm, c10::string_view recipe, at::ScalarType out_dtype,
                    const std::optional<at::Tensor>& scale, c10::string_view scale_layout, bool zero_centered_gamma,
                    std::optional<c10::string_view> mode) {
-  const bool rms = norm == "rms_norm";
-  TORCH_CHECK_VALUE(rms || norm == "layer_norm", "rtcnorm.norm_quant: norm must be 'rms_norm' or 'layer_norm', got '",
-                    std::string(norm), "'");
-  TORCH_CHECK_VALUE(rms || !residual.has_value(),
-                    "rtcnorm.norm_quant: residual is only taken with norm='rms_norm' (add_rms_norm)");
-  TORCH_CHECK_VALUE(!rms || !bias.has_value(), "rtcnorm.norm_quant: bias is only taken with norm='layer_norm'");
-  const char* op = rms ? (residual.has_value() ? "add_rms_norm" : "rms_norm") : "layer_norm";
-  const NormKind kind = rms ? kRmsNorm : kLayerNorm;
-  const NormMode m = check_norm_forward(op, input, residual, c10::fromIntArrayRefSlow(normalized_shape), weight, bias,
-                                        eps, mode, input.is_cuda());
-  const QuantSpec q = check_quant_args(input, recipe, out_dtype, scale, scale_layout);
-  const double e = rms ? rms_norm_eps(input, eps) : eps.value_or(1e-5);
+  const QuantCall c = check_norm_quant(input, residual, c10::fromIntArrayRefSlow(normalized_shape), weight, bias, eps,
+                                       norm, recipe, out_dtype, scale, scale_layout, mode, input.is_cuda());
+  const char* op = c.op;
+  const NormKind kind = c.kind;
+  const QuantSpec& q = c.spec;
+  const double e = kind == kRmsNorm ? rms_norm_eps(input, eps) : eps.value_or(1e-5);
   const NormDims d = norm_dims(input, normalized_shape);
   QuantOutputs qo = quant_outputs(q, input, d.lead, d.rows, d.hidden, scale);
   NormFwdOutputs o;
@@ -52,7 +46,8 @@ Outputs norm_quant(const at::Tensor& input, const std::optional<at::Tensor>& res
     else if (scale.has_value())
       ql.scale = host_scale(scale);
     ql.scale_cols = q.scale_cols(d.hidden);
-    o = norm_forward_cuda(kind, op, input, residual, normalized_shape, weight, bias, e, m, zero_centered_gamma, &ql);
+    o = norm_forward_cuda(kind, op, input, residual, normalized_shape, weight, bias, e, c.mode, zero_centered_gamma,
+                          &ql);
   } else {
     // float32 math on the input (h rounded to input's dtype first), y kept in float32.
     const at::Tensor h = residual.has_value() ? input + *residual : at::Tensor();
