@@ -74,7 +74,6 @@ struct QuantEpilogue {
   // whose lanes do not cover it.
   static constexpr bool kRowAmax = quant::per_token(kRecipe) || (kBlock > 0 && TPR < kLanes);
   static constexpr bool kTensorAmax = quant::tensor_amax(kRecipe);
-  static constexpr int kBlocks = kBlock > 0 ? (N + kBlock - 1) / kBlock : 1;
   static_assert(kBlock == 0 || TPR >= kLanes || N <= kBlock, "a block's lanes must sit in one row group");
   static_assert(kBlock == 0 || kBlock % VEC == 0, "a vector never straddles two blocks");
   static_assert(kLanes <= 32, "a block's lanes meet in one warp");
