@@ -1,9 +1,9 @@
 #include "bindings/norm.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/ones.h>
 #include <c10/core/DeviceGuard.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <limits>
 #include <optional>
@@ -83,27 +83,23 @@ NormProblem problem_of(const std::string& op, int64_t rows, int64_t hidden, cons
 }
 
 // The epilogue flags of a quantized output, checked as norm_quant checks them.
-unsigned quant_flags(const std::string& recipe, const std::optional<std::string>& out_dtype, const std::string& layout,
+unsigned quant_flags(const std::string& recipe, std::optional<at::ScalarType> out_dtype, const std::string& layout,
                      jit::DType dtype) {
   const at::ScalarType in = dtype == jit::DType::kBFloat16  ? at::kBFloat16
                             : dtype == jit::DType::kFloat16 ? at::kHalf
                                                             : at::kFloat;
-  const std::string od = out_dtype.value_or(recipe == "nvfp4" ? "float4_e2m1fn_x2" : "float8_e4m3fn");
-  const at::ScalarType st = od == "float8_e5m2"        ? at::kFloat8_e5m2
-                            : od == "float4_e2m1fn_x2" ? at::kFloat4_e2m1fn_x2
-                            : od == "float8_e4m3fn"    ? at::kFloat8_e4m3fn
-                                                       : at::kFloat;
-  const at::Tensor meta = at::empty({1}, at::TensorOptions().dtype(in).device(at::kMeta));
+  const at::ScalarType od = out_dtype.value_or(recipe == "nvfp4" ? at::kFloat4_e2m1fn_x2 : at::kFloat8_e4m3fn);
+  const auto meta = at::TensorOptions().device(at::kMeta);
   std::optional<at::Tensor> scale;
-  if (recipe == "per_tensor" || recipe == "nvfp4") scale = at::ones({1}, at::TensorOptions().dtype(at::kFloat));
-  return check_quant_args(meta, recipe, st, scale, layout).flags();
+  if (recipe == "per_tensor" || recipe == "nvfp4") scale = at::empty({1}, meta.dtype(at::kFloat));
+  return check_quant_args(at::empty({1}, meta.dtype(in)), recipe, od, scale, layout, /*scale_value=*/false).flags();
 }
 
 py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
                       bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
                       bool single_stride, const std::optional<std::string>& quant_recipe,
-                      const std::optional<std::string>& quant_dtype, const std::string& scale_layout) {
+                      std::optional<at::ScalarType> quant_dtype, const std::string& scale_layout) {
   if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
     throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
                           std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +

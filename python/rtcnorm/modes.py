@@ -157,7 +157,7 @@ def explain(
         bool(resources),
         strides is None or _C.rows_single_stride(shape, strides, len(shape) - nd),
         quant,
-        None if quant_dtype is None else str(quant_dtype).removeprefix("torch."),
+        quant_dtype,
         scale_layout,
     )
     plan["device"] = where

@@ -52,3 +52,34 @@ def test_explain_on_a_gpu_reports_the_loaded_kernel():
     assert plan["sm_count"] == props.multi_processor_count
     assert plan["blocks_per_sm"] >= 1 and plan["registers"] > 0
     assert 1 <= plan["grid"] <= plan["sm_count"] * plan["blocks_per_sm"]
+
+
+# Recipe codes and the blocked-scales bit of the kernel's flag word
+# (kernels/common/quant_math.cuh, params.cuh: kQuantBits at bit 25).
+QUANT_FLAGS = {("per_tensor", None): 1, ("per_tensor", torch.float8_e5m2): 2, ("per_token", None): 3,
+               ("mxfp8", None): 5, ("nvfp4", None): 6}  # fmt: skip
+
+
+@pytest.mark.parametrize(("recipe", "qdtype"), list(QUANT_FLAGS))
+@pytest.mark.parametrize(("op", "shape"), [("rms_norm", (4, 131072)), ("layer_norm", (4096, 33)), ("rms_norm", (1, 7))])
+def test_explain_plans_a_quantized_output_on_unsliced_rows(recipe, qdtype, op, shape):
+    """A quantized forward names its recipe in the kernel's flags and never
+    takes sliced rows, even for few long rows where the plain forward does;
+    the backward plan is the plain one's."""
+    plain = rtcnorm.explain(op, shape)
+    for layout in ("plain", "blocked") if recipe in ("mxfp8", "nvfp4") else ("plain",):
+        plan = rtcnorm.explain(op, shape, quant=recipe, quant_dtype=qdtype, scale_layout=layout)
+        flags = int(plan["kernel"].split(", ")[-2].rstrip("u"))
+        assert (flags >> 25) & 7 == QUANT_FLAGS[(recipe, qdtype)], plan["kernel"]
+        assert bool(flags >> 28 & 1) == (layout == "blocked"), plan["kernel"]
+        assert plan["design"] != "sliced_row" and plan["column_slices"] == 1, plan
+        assert plan["backward"]["kernel"] == plain["backward"]["kernel"]
+
+
+def test_explain_refuses_bad_quant_arguments_as_the_op_does():
+    with pytest.raises(ValueError, match=r"rtcnorm\.norm_quant: recipe must be one of .*got 'int8'"):
+        rtcnorm.explain("rms_norm", (4, 64), quant="int8")
+    with pytest.raises(ValueError, match=r"rtcnorm\.norm_quant: out_dtype must be torch\.float8_e4m3fn for recipe"):
+        rtcnorm.explain("rms_norm", (4, 64), quant="mxfp8", quant_dtype=torch.float8_e5m2)
+    with pytest.raises(ValueError, match=r"rtcnorm\.norm_quant: scale_layout 'blocked' is for the block recipes"):
+        rtcnorm.explain("layer_norm", (4, 64), quant="per_token", scale_layout="blocked")
