@@ -17,8 +17,6 @@ bool sym_equal(const c10::SymInt& a, const c10::SymInt& b) {
   return a.sym_eq(b).expect_true(__FILE__, __LINE__);
 }
 
-namespace {
-
 void check_norm_dtype(const char* op, const at::Tensor& input, bool cuda) {
   const at::ScalarType s = input.scalar_type();
   if (cuda) {
@@ -28,6 +26,8 @@ void check_norm_dtype(const char* op, const at::Tensor& input, bool cuda) {
                      ": input must be float32, float16 or bfloat16 (or float64 on CPU), got ", s);
   }
 }
+
+namespace {
 
 void check_norm_param(const char* op, const char* name, const at::Tensor& p, const at::Tensor& input,
                       c10::SymIntArrayRef normalized_shape) {

@@ -77,6 +77,9 @@ NormDims check_norm_bwd_args(NormKind kind, const char* op, const at::Tensor& gr
 // Checks a gradient (or other per-element tensor) against input's shape/dtype/device.
 void check_like_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input);
 
+// input's dtype: a kernel dtype, or float64 too on the CPU path.
+void check_norm_dtype(const char* op, const at::Tensor& input, bool cuda);
+
 // t is on input's device; the message names both.
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& input);
 

@@ -35,13 +35,7 @@ void check_gated_tensors(const char* op, const at::Tensor& input, const at::Tens
                          const std::optional<at::Tensor>& weight, const std::optional<c10::SymInt>& group_size,
                          c10::string_view activation, bool cuda) {
   check_activation(op, activation);
-  const at::ScalarType s = input.scalar_type();
-  if (cuda) {
-    TORCH_CHECK_TYPE(is_kernel_dtype(s), "rtcnorm.", op, ": CUDA input must be float32, float16 or bfloat16, got ", s);
-  } else {
-    TORCH_CHECK_TYPE(is_kernel_dtype(s) || s == at::kDouble, "rtcnorm.", op,
-                     ": input must be float32, float16 or bfloat16 (or float64 on CPU), got ", s);
-  }
+  check_norm_dtype(op, input, cuda);
   TORCH_CHECK_VALUE(input.dim() >= 1, "rtcnorm.", op, ": input must have at least one dim, got a 0-dim tensor");
   const c10::SymInt n = input.sym_size(-1);
   const auto nv = n.maybe_as_int();
@@ -52,6 +46,7 @@ void check_gated_tensors(const char* op, const at::Tensor& input, const at::Tens
     TORCH_CHECK_VALUE(weight->dim() == 1 && sym_equal(weight->sym_size(0), n), "rtcnorm.", op,
                       ": weight must have shape [", n, "] (the last dim of input), got ", weight->sym_sizes());
     check_same_device(op, "weight", *weight, input);
+    const at::ScalarType s = input.scalar_type();
     TORCH_CHECK_TYPE(weight->scalar_type() == s || weight->scalar_type() == at::kFloat, "rtcnorm.", op,
                      ": weight must have input's dtype (", s, ") or float32, got ", weight->scalar_type());
   }
