@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .patch_verify import TOLERANCE, _closeness, _eps_value, _mismatch, _own_params
+from .patch_verify import TOLERANCE, _closeness, _eps_value, _mismatch, _own_params, grads_mismatch
 
 # Where a module keeps its group size: columns a group ("group_size"), groups
 # a row ("n_groups"), or nowhere (one group a row).
@@ -127,15 +127,7 @@ def compare(module: nn.Module, form: GatedForm, dtype: torch.dtype, *, grads: bo
     why = _mismatch(f"output as {form.label}", out, ref, dtype)
     if why or not grads:
         return why
-    names, wrt = ["input", "gate", "weight"], [x, z, params["weight"]]
-    g_ref = torch.autograd.grad(ref, wrt, dy, allow_unused=True)
-    g_out = torch.autograd.grad(out, wrt, dy, allow_unused=True)
-    for name, a, b in zip(names, g_out, g_ref):
-        if (a is None) != (b is None):
-            return f"gradient of {name} is {'missing' if a is None else 'unexpected'} in {dtype}"
-        if a is not None and (why := _mismatch(f"gradient of {name}", a, b, dtype)):
-            return why
-    return None
+    return grads_mismatch(out, ref, dy, ["input", "gate", "weight"], [x, z, params["weight"]], dtype)
 
 
 def identify_gated(module: nn.Module, eps_attr: str) -> tuple[GatedForm | None, str]:

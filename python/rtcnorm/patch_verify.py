@@ -141,8 +141,12 @@ def compare(module: nn.Module, form: Form, dtype: torch.dtype, *, grads: bool, s
     why = _mismatch(f"output as {form.label}", out, ref, dtype)
     if why or not grads:
         return why
-    names = ["input", *params]
-    wrt = [x, *params.values()]
+    return grads_mismatch(out, ref, dy, ["input", *params], [x, *params.values()], dtype)
+
+
+def grads_mismatch(out, ref, dy, names, wrt, dtype) -> str | None:
+    """Why the gradients of ``out`` and ``ref`` (given ``dy``) with respect to
+    ``wrt`` differ past the tolerance of ``dtype``, or None."""
     g_ref = torch.autograd.grad(ref, wrt, dy, allow_unused=True)
     g_out = torch.autograd.grad(out, wrt, dy, allow_unused=True)
     for name, a, b in zip(names, g_out, g_ref):
