@@ -17,6 +17,7 @@
 #include "ops/norm/kernel_families.h"
 #include "ops/norm/launch_geometry.h"
 #include "ops/norm_common.h"
+#include "ops/plan_util.h"
 
 namespace rtcnorm {
 namespace {
@@ -72,8 +73,6 @@ std::pair<at::Tensor, int64_t> row_strided(const at::Tensor& t, int64_t n) {
   return {t.contiguous(), n};
 }
 
-int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 }  // namespace
 
 std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bool want_dw, int arch) {
@@ -84,8 +83,8 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   const int64_t s = p.hidden / p.group;
   if (s > kMaxThreads) return std::nullopt;
   int64_t tpr = 1;
-  while (div_up(sv, tpr) > kTargetVecs && tpr * 2 * s <= kMaxThreads) tpr *= 2;
-  const int64_t nv = div_up(sv, tpr);
+  while (ceil_div(sv, tpr) > kTargetVecs && tpr * 2 * s <= kMaxThreads) tpr *= 2;
+  const int64_t nv = ceil_div(sv, tpr);
   const int64_t max_elems = (backward ? kBwdMaxElems : kFwdMaxElems) / (esize == 4 ? 2 : 1);
   if (nv * vec > max_elems) return std::nullopt;
   const int64_t rt = tpr * s;
@@ -160,7 +159,7 @@ GatedFwdOut gated_forward_cuda(const at::Tensor& input, const at::Tensor& gate, 
   prm.x_stride = xs;
   prm.z_stride = zs;
   prm.rows = a.rows;
-  prm.row_blocks = div_up(a.rows, key->rows_per_cta);
+  prm.row_blocks = ceil_div(a.rows, key->rows_per_cta);
   prm.weight = w.defined() ? w.data_ptr() : nullptr;
   prm.y = out.y.data_ptr();
   prm.rstd = out.rstd.data_ptr<float>();
@@ -200,7 +199,7 @@ GatedBwdOut gated_backward_cuda(const at::Tensor& grad_out, const at::Tensor& in
   out.dw = want_dw ? at::empty({a.hidden}, w.options()) : at::empty({0}, input.options());
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(*key, dev, stream, 0);
-  const int64_t row_blocks = div_up(a.rows, key->rows_per_cta);
+  const int64_t row_blocks = ceil_div(a.rows, key->rows_per_cta);
   const int64_t grid = persistent_grid(row_blocks, info.sm_count, k.blocks_per_sm);
   at::Tensor partials;
   if (want_dw) partials = at::empty({grid, a.hidden}, input.options().dtype(at::kFloat));
