@@ -1,6 +1,6 @@
-"""Benchmark rtcnorm.layer_norm against torch eager, torch.compile, Liger, Apex and TE.
+"""Benchmark rtcnorm.layer_norm against torch eager, torch.compile, Liger, Quack, Apex and TE.
 
-Forward and backward (autograd.grad over x, weight and bias), every standard shape of
+Forward and backward (autograd.grad over x, weight and bias), every standard and random shape of
 bench_shapes.json["norm"], in one run; GB/s and % of a same-size device copy. Apex
 enters twice: FusedLayerNorm (apex_fused) and contrib FastLayerNorm (apex_fast).
 

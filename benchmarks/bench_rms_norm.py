@@ -1,4 +1,4 @@
-"""Benchmark rtcnorm.rms_norm against torch eager, torch.compile, Liger, Apex and TE.
+"""Benchmark rtcnorm.rms_norm against torch eager, torch.compile, Liger, Quack, Apex and TE.
 
 Forward and backward (autograd.grad over x and weight), every standard shape of
 bench_shapes.json["norm"], in one run; GB/s and % of a same-size device copy.

@@ -2,7 +2,7 @@
 
 For each shape and dtype it times, side by side in one process, the forward and the
 backward of: rtcnorm (the heuristic, labelled `rtcnorm`, and each forced mode), torch
-eager, torch.compile of the same function, and whichever of Liger, Apex and
+eager, torch.compile of the same function, and whichever of Liger, Quack, Apex and
 TransformerEngine import. The backward is
 `torch.autograd.grad(y, [x, weight(, bias)], dy, retain_graph=True)`, autograd
 included, as a user meets it. The forward runs with grad enabled (a training step).
@@ -48,7 +48,7 @@ from norm_report import HEURISTIC_TOLERANCE, LABELS, _heuristic_rows, _summary, 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
 MODES = ("static_persistent", "multi_wave_reload", "multi_wave_cached")
-PEERS = ("torch", "compile", "liger", "apex_fused", "apex_fast", "te")
+PEERS = ("torch", "compile", "liger", "quack", "apex_fused", "apex_fast", "te")
 QUICK_SHAPES = [(4096, 4096), (16384, 8192), (32768, 128), (32, 4096)]
 SMOKE_SHAPES = [(8, 64), (5, 1000), (1, 128)]
 
@@ -107,6 +107,35 @@ def _liger(c):
     return (lambda: lk.layer_norm(c.x, c.w, c.b, c.eps)), c.params
 
 
+class _QuackLayerNorm(torch.autograd.Function):
+    """Quack's LayerNorm forward and backward kernels as one autograd op."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        fwd, _ = H.peer("quack").layer_norm
+        y, rstd, mean = fwd(x, w, b, eps, return_rstd=True, return_mean=True)
+        ctx.save_for_backward(x, w, rstd, mean)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        _, bwd = H.peer("quack").layer_norm
+        x, w, rstd, mean = ctx.saved_tensors
+        dx, dw, db = bwd(x, w, dy, rstd, mean, has_bias=True)
+        return dx, dw, db, None
+
+
+def _quack(c):
+    if c.n % 8:
+        raise ValueError(f"Quack needs N % 8 == 0 (16-byte rows); N = {c.n}")
+    qk = H.peer("quack")
+    if c.op == "rms_norm":
+        return (lambda: qk.rms_norm(c.x, c.w, eps=c.eps)), c.params
+    # Its LayerNorm takes float32 gamma and beta.
+    w, b = (t.detach().float().requires_grad_(True) for t in (c.w, c.b))
+    return (lambda: _QuackLayerNorm.apply(c.x, w, b, c.eps)), [w, b]
+
+
 def _module(name):
     def build(c):
         cls = getattr(H.peer(name), c.op)
@@ -124,6 +153,7 @@ def _module(name):
 
 BUILDERS = {"rtcnorm": _rtc(None), **{md: _rtc(md) for md in MODES}, "torch": _eager, "compile": _compiled}
 BUILDERS["liger"] = _liger
+BUILDERS["quack"] = _quack
 BUILDERS.update({name: _module(name) for name in ("apex_fused", "apex_fast", "te")})
 
 

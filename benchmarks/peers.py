@@ -3,7 +3,8 @@
 `peer(name)` returns a namespace (or None) and never raises; `peer_status()` maps
 each name asked for to its version or to the one-line reason it is missing. The
 norm peers expose `rms_norm` and `layer_norm` (a function for Liger, an nn.Module
-class for Apex and TransformerEngine, None where the peer lacks the op). A benchmark
+class for Apex and TransformerEngine, Quack's function or forward/backward pair,
+None where the peer lacks the op). A benchmark
 for another op adds its own loader to PEER_LOADERS.
 
 A pure-Python peer that is not installed may still be used from a wheel in
@@ -82,7 +83,22 @@ def _load_te():
     return SimpleNamespace(rms_norm=te.RMSNorm, layer_norm=te.LayerNorm, version=_version("transformer_engine"))
 
 
-PEER_LOADERS = {"liger": _load_liger, "apex_fused": _load_apex_fused, "apex_fast": _load_apex_fast, "te": _load_te}
+def _load_quack():
+    from quack.rmsnorm import layernorm_bwd, layernorm_fwd, rmsnorm
+
+    # Quack's LayerNorm is two functions (no autograd): the benchmark pairs them.
+    return SimpleNamespace(
+        rms_norm=rmsnorm, layer_norm=(layernorm_fwd, layernorm_bwd), version=_version("quack-kernels")
+    )
+
+
+PEER_LOADERS = {
+    "liger": _load_liger,
+    "quack": _load_quack,
+    "apex_fused": _load_apex_fused,
+    "apex_fast": _load_apex_fast,
+    "te": _load_te,
+}
 _peers: dict = {}
 
 
