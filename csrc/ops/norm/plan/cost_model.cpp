@@ -4,6 +4,7 @@
 //   it (Little's law: bandwidth x about 1.5 us of loaded latency).
 // - One row block's round trip: a DRAM load, the row reduction, the store.
 // - A dependent kernel's launch (partly hidden by programmatic launches).
+// - A thread's serial work on the elements it holds once its loads land.
 #include "ops/norm/plan/cost_model.h"
 
 #include <algorithm>
@@ -13,7 +14,7 @@ namespace rtcnorm {
 namespace {
 
 constexpr double kLatencyUs = 1.2;        // a row block's load - reduce - store chain
-constexpr double kBarrierUs = 0.15;       // a cross-warp reduction round
+constexpr double kBarrierUs = 0.15;       // a cross-warp reduction round of up to 8 warps
 constexpr double kExchangeUs = 0.6;       // slices' statistics meeting (cluster or global memory)
 constexpr double kLaunchUs = 1.5;         // a dependent kernel's launch and ramp
 constexpr double kSmemPass = 0.10;        // a row's pass through shared memory, relative to its DRAM time
@@ -22,6 +23,12 @@ constexpr double kPartialOverlap = 0.25;  // the share of the shorter of streami
 // loading this many bytes (it decides how long a CTA has no loads in flight).
 constexpr double kBarrierBytes = 13.0;
 constexpr double kL2TripUs = 0.3;  // gamma fetched after the reduction (not preloaded)
+// A thread's time per element it holds, on a row block's path: the
+// forward's statistics and normalize, the backward's two row dots, dx and
+// the dW / dB sums (H200, one-wave grids of 1-389 rows: 8 to 64 elements a
+// thread, forward and backward alike linear in the count).
+constexpr double kFwdElementUs = 0.02;
+constexpr double kBwdElementUs = 0.05;
 // The split backward's column kernel walks rows down columns: it streams at
 // about 60% of copy bandwidth (H100 and H200, every width measured).
 constexpr double kSplitEfficiency = 0.6;
@@ -40,9 +47,19 @@ struct Shape {
   bool exchange = false;         // slices exchange statistics every row block
   double reductions = 1;         // row reductions a row block waits on (LayerNorm's two passes: 2)
   double after_reduction = 0;    // latency on a row block's path after its reduction
+  double serial_us = 0;          // a thread's work on the elements it holds, per row block
   double tail_us = 0;            // work after the last row block (column CTAs' sums)
   double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
+  bool walks_rows = false;       // a CTA loads row after row even in one wave
 };
+
+// A thread's serial work on one row block: every element it holds, over
+// every chunk of its slice (idle vector slots of the last chunk included).
+double serial_us(const NormProblem& p, const Candidate& c, double per_element_us) {
+  const int64_t chunk = int64_t{c.key.threads_per_row} * std::max(1, c.knobs.vecs_per_thread);
+  const int64_t chunks = ceil_div(ceil_div(p.nvec(), std::max(1, c.knobs.slices)), chunk);
+  return double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * per_element_us;
+}
 
 // Spreads the row blocks over the resident slots and prices the result.
 void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
@@ -69,7 +86,10 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const double thread_bytes = cta_bytes / std::max(1, threads);
   const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
   const double duty = thread_bytes / (thread_bytes + kBarrierBytes * warps);
-  const double overlap = 1.0 - std::pow(1.0 - duty, std::max(1.0, ctas_per_sm));
+  // In one wave of row blocks every CTA requests its rows at launch: no CTA
+  // waits between loads, so the duty does not thin the SM's requests.
+  const bool one_shot = rounds <= 1 && !s.walks_rows;
+  const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, std::max(1.0, ctas_per_sm));
   const double balance = double(c.row_blocks) / (rounds * busy);
   // A persistent CTA's row blocks follow one another: no fresh CTA fills the
   // gap between one row's stores and the next row's loads.
@@ -77,9 +97,15 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   c.efficiency = overlap * balance * s.design_efficiency * loop;
   // The dependent chain: each resident slot's row blocks one after another,
   // a load round trip, the reduction's barriers and what follows it each.
-  const double sync = c.key.threads_per_row > 32 ? kBarrierUs * s.reductions : 0.0;
+  // A row reduction across warps: one barrier round up to 8 warps, longer
+  // as more warps arrive and feed the shared-memory step.
+  const double warps_per_row = c.key.threads_per_row / 32.0;
+  const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
   const double exchange = s.exchange && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
-  const double chain = (kLatencyUs + sync + exchange + s.after_reduction) * (1.0 + (rounds - 1.0) / ahead) + s.tail_us;
+  // A thread's work on its elements is exposed once, on the last row block:
+  // before it, other CTAs of the SM load while this one computes.
+  const double wait = kLatencyUs + sync + exchange + s.after_reduction;
+  const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + s.serial_us + s.tail_us;
   const double pass = (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
   const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);
   // The two overlap only in part.
@@ -105,6 +131,7 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   const bool gamma_ready = (c.key.flags & (kPreloadAffine | kKeepGamma)) != 0;
   if (p.affine_tensors() > 0 && !gamma_ready) s.after_reduction = kL2TripUs;
+  s.serial_us = serial_us(p, c, kFwdElementUs);
   finish(s, gpu, c);
 }
 
@@ -123,6 +150,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     s.bytes += tiles * n * 4.0 * w.accums() * 2.0;
     s.launches = 3;
     s.design_efficiency = kSplitEfficiency;
+    s.walks_rows = true;
     s.row_block_bytes = double(c.key.threads_per_row) * c.knobs.vecs_per_thread * c.key.vec * p.esize() * 2.0;
     // Its chain: the coefficient kernel's round, then each column thread's
     // walk down its tile, rows_in_flight rows a round trip.
@@ -148,6 +176,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
   s.row_block_bytes = rows * row * (streams - 1.0);
   s.exchange = c.knobs.slices > 1;
+  s.serial_us = serial_us(p, c, kBwdElementUs);
   finish(s, gpu, c);
   // Each persistent unit (a CTA, or a row's slices) writes an fp32 partial
   // row per gradient, which the column reduce reads back.
