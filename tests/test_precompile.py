@@ -186,3 +186,34 @@ def test_precompile_rejects_bad_arguments():
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], threads=2.0)
     with pytest.raises(TypeError, match="dtype must be"):
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[64], dtypes=[torch.float64])
+
+
+QUANTS = [("per_tensor", torch.float8_e4m3fn, "plain"), ("per_token", torch.float8_e5m2, "plain"),
+          ("mxfp8", torch.float8_e4m3fn, "blocked"), ("nvfp4", torch.float4_e2m1fn_x2, "plain")]  # fmt: skip
+
+
+def test_quantized_output_ops_are_precompile_variants():
+    assert {"rms_norm_quant", "layer_norm_quant"} <= set(rtcnorm.jit._C.variant_ops())
+    seen = []
+
+    def stop(done, total):
+        seen.append(total)
+        raise KeyboardInterrupt  # the first compiled kernel is enough: wiring, not coverage
+
+    with pytest.raises(KeyboardInterrupt):
+        rtcnorm.jit.precompile("rms_norm_quant", hidden_sizes=[64], dtypes=[torch.bfloat16],
+                               modes=["static_persistent"], archs=["sm_90"], threads=1, progress=stop)  # fmt: skip
+    # Six recipes, MXFP8 and NVFP4 in both layouts: hundreds of forwards.
+    assert seen and seen[0] > 100
+
+
+@pytest.mark.slow
+def test_precompiled_quantized_forwards_cover_the_sampled_row_counts():
+    lines = rtcnorm.jit.precompile("layer_norm_quant", hidden_sizes=[256], dtypes=[torch.bfloat16],
+                                   modes=["static_persistent"], archs=["sm_90"])  # fmt: skip
+    names = {ln.rsplit(" ", 2)[0] for ln in lines}
+    for recipe, out, layout in QUANTS:
+        for rows in (1, 2, 32, 132, 528, 65536):
+            plan = rtcnorm.explain("layer_norm", (rows, 256), torch.bfloat16, device="cpu", sm_count=132, arch="sm_90",
+                                   mode="static_persistent", quant=recipe, quant_dtype=out, scale_layout=layout)  # fmt: skip
+            assert plan["kernel"] in names, (recipe, layout, rows, plan["kernel"])

@@ -3,9 +3,11 @@
 // each gradient combination, and the dW/dB column reducer; forwards for full
 // grids, few-row grids and decode-sized ones; each for rows of one stride and
 // of two. Assumes aligned tensors (the widest vector access), as freshly
-// allocated tensors are.
+// allocated tensors are. The quantized-output ops (norm_quant) add the
+// forwards of every recipe and scale layout; their backward is the plain one.
 #include <algorithm>
 
+#include "kernels/common/quant_math.cuh"
 #include "ops/norm/kernel_families.h"
 #include "ops/norm/launch_geometry.h"
 #include "ops/norm/plan/planner.h"
@@ -17,8 +19,9 @@ namespace {
 using jit::DType;
 using jit::KernelKey;
 
+// quant: NormProblem::quant of a quantized output (forwards only), or 0.
 std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, const std::vector<NormMode>& modes,
-                                 int arch) {
+                                 int arch, unsigned quant = 0) {
   std::vector<KernelKey> keys;
   std::vector<DType> wdtypes = {dtype};
   if (dtype != DType::kFloat32) wdtypes.push_back(DType::kFloat32);
@@ -38,6 +41,7 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
         p.has_weight = has_w;
         p.has_bias = has_b;
         p.zero_centered = zc;
+        p.quant = quant;
         // Row counts on either side of the planner's breaks: one row, a few
         // row blocks, a wave of the 132-SM part at each power-of-two rows a
         // CTA, many waves, and either side of the size from which x is read
@@ -58,6 +62,7 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
               p.single_stride = one_stride;
               for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
             }
+        if (quant != 0) continue;
         p.residual = false;
         p.single_stride = true;
         // Besides the full grid's backward, that of one row (one CTA writing
@@ -84,16 +89,35 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
             }
       }
     }
-    keys.push_back(column_reduce_key(wd, hidden, arch));
+    if (quant == 0) keys.push_back(column_reduce_key(wd, hidden, arch));
   }
   return keys;
 }
 
-const bool kRegistered = register_variants("rms_norm", [](DType d, int64_t n, const std::vector<NormMode>& m,
-                                                          int a) { return norm_keys(kRmsNorm, d, n, m, a); }) &&
-                         register_variants("layer_norm", [](DType d, int64_t n, const std::vector<NormMode>& m, int a) {
-                           return norm_keys(kLayerNorm, d, n, m, a);
-                         });
+// Every recipe (FP8 per tensor / per token in E4M3 and E5M2, MXFP8, NVFP4)
+// in each scale layout it takes.
+std::vector<KernelKey> quant_keys(NormKind kind, DType dtype, int64_t hidden, const std::vector<NormMode>& modes,
+                                  int arch) {
+  std::vector<KernelKey> keys;
+  for (unsigned r = quant::kPerTensorE4M3; r <= quant::kNvfp4; ++r)
+    for (bool blocked : {false, true}) {
+      if (blocked && quant::block_of(r) == 0) continue;
+      const unsigned q = r << kQuantShift | (blocked ? kBlockedScales : 0u);
+      for (const KernelKey& k : norm_keys(kind, dtype, hidden, modes, arch, q)) keys.push_back(k);
+    }
+  return keys;
+}
+
+const bool kRegistered =
+    register_variants("rms_norm", [](DType d, int64_t n, const std::vector<NormMode>& m,
+                                     int a) { return norm_keys(kRmsNorm, d, n, m, a); }) &&
+    register_variants("layer_norm", [](DType d, int64_t n, const std::vector<NormMode>& m,
+                                       int a) { return norm_keys(kLayerNorm, d, n, m, a); }) &&
+    register_variants("rms_norm_quant", [](DType d, int64_t n, const std::vector<NormMode>& m,
+                                           int a) { return quant_keys(kRmsNorm, d, n, m, a); }) &&
+    register_variants("layer_norm_quant", [](DType d, int64_t n, const std::vector<NormMode>& m, int a) {
+      return quant_keys(kLayerNorm, d, n, m, a);
+    });
 
 }  // namespace
 }  // namespace rtcnorm

@@ -26,6 +26,8 @@ DTYPES = {
     "float": torch.float32,
 }
 NORM_OPS = ("rms_norm", "layer_norm")
+# precompile also takes the quantized-output forwards (norm_quant), never by default.
+PRECOMPILE_OPS = (*NORM_OPS, "rms_norm_quant", "layer_norm_quant")
 
 
 class CliError(Exception):
@@ -351,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="GB/s of rtcnorm and torch, forward and backward (GPU)")
     s.add_argument("--shapes", nargs="+", type=_shape, default=[(4096, 4096), (16384, 8192)], metavar="MxN")
-    s.add_argument("--ops", nargs="+", choices=NORM_OPS, default=list(NORM_OPS))
+    s.add_argument("--ops", nargs="+", choices=PRECOMPILE_OPS, default=list(NORM_OPS))
     s.add_argument("--dtype", type=_dtype, default=torch.bfloat16)
     s.set_defaults(func=cmd_bench)
 

@@ -129,6 +129,10 @@ def precompile(
 
     Needs no GPU. Covers each weight/bias/zero-centred/residual combination,
     forward modes and backward gradient combinations, for aligned tensors.
+    ``op`` is ``"rms_norm"``, ``"layer_norm"``, a softmax op, or
+    ``"rms_norm_quant"`` / ``"layer_norm_quant"``: the forwards of
+    :func:`rtcnorm.rms_norm` / :func:`rtcnorm.layer_norm` with ``quant=``, every
+    recipe and scale layout (their backward is the plain op's).
     ``threads`` compiler threads run at once (0: one per CPU core).
 
     ``progress``, when given, is called as ``progress(done, total)`` after
