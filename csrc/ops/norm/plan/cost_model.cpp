@@ -5,10 +5,10 @@
 // - One row block's round trip: a DRAM load, the row reduction, the store.
 // - A dependent kernel's launch (partly hidden by programmatic launches).
 // - A thread's serial work on the elements it holds once its loads land.
-#include "ops/norm/plan/cost_model.h"
-
 #include <algorithm>
 #include <cmath>
+
+#include "ops/norm/plan/designs.h"
 
 namespace rtcnorm {
 namespace {

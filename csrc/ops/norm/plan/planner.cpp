@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "ops/norm/plan/cost_model.h"
+#include "ops/norm/plan/designs.h"
 
 namespace rtcnorm {
 
