@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "jit/kernel_key.h"
@@ -101,9 +100,8 @@ jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // knob are refused); `design` must be below design_count(forward).
 unsigned declared_knobs(bool forward, int design);
 
-// Shared by the designs (designs.cpp).
-// A kernel of `family` for the problem: its types, width, widest vector and
-// arch; the design fills in the layout and flags.
+// Shared by the designs (designs.cpp). A kernel of `family` for the problem:
+// types, width, widest vector and arch; the design adds layout and flags.
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch);
 // Flags of the parameters and row maps every kernel of a problem reads.
 unsigned base_flags(const NormProblem& p);
@@ -115,8 +113,7 @@ struct Layout {
 };
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
 constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
-// A candidate of `design` on layout `l` with its row knobs and kernel key
-// (`blocks`: the launch bounds' CTAs an SM).
+// A candidate of `design` on layout `l`: row knobs and kernel key (`blocks`: launch bounds).
 Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* family, const Layout& l, int nv,
                     int blocks, unsigned flags, int arch);
 // A row split over the `s` CTAs of a thread-block cluster (distributed
