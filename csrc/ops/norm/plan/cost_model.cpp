@@ -39,6 +39,7 @@ struct Shape {
   double tail_us = 0;            // work after the last row block (column CTAs' sums)
   double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
   bool walks_rows = false;       // a CTA loads row after row even in one wave
+  int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
 };
 
 // A thread's serial work on one row block: every element it holds, over
@@ -58,8 +59,9 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const int regs_allow = blocks_leaving(threads, std::max(1, 2048 / std::max(1, threads)), c.regs);
   const int resident = std::max(fit_smem(regs_allow, static_cast<int64_t>(c.smem), kSmemPerSm), c.knobs.blocks_per_sm);
   const double slots = std::max(1.0, double(gpu.sm_count) * resident / slices);
-  const double busy = std::min<double>(double(c.row_blocks), slots);
-  const double rounds = std::ceil(double(c.row_blocks) / busy);
+  const double blocks = double(s.row_blocks > 0 ? s.row_blocks : c.row_blocks);
+  const double busy = std::min<double>(blocks, slots);
+  const double rounds = std::ceil(blocks / busy);
   c.grid = static_cast<int64_t>(busy) * slices;
   // A CTA has loads in flight only between the barriers of its row
   // reduction (`duty`); the SM's DRAM share idles while all of its CTAs are
@@ -74,7 +76,7 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   // In one wave every CTA requests its rows at launch: the duty thins nothing.
   const bool one_shot = rounds <= 1 && !s.walks_rows;
   const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, std::max(1.0, ctas_per_sm));
-  const double balance = double(c.row_blocks) / (rounds * busy);
+  const double balance = blocks / (rounds * busy);
   const double loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
   c.efficiency = overlap * balance * s.design_efficiency * loop;
   // The dependent chain: each slot's row blocks one after another, each a
@@ -133,11 +135,8 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     // rows_in_flight rows a round trip.
     const double rows_per_tile = std::ceil(m / tiles);
     s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
-    c.knobs.slices = 1;
-    const int64_t rb = c.row_blocks;
-    c.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
+    s.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
     finish(s, gpu, c);
-    c.row_blocks = rb;
     return;
   }
   const bool direct = (c.key.flags & (kDirectGrads | kColumnGrads)) != 0;

@@ -78,11 +78,10 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
   const bool every = override_slot(true).design >= 0;
-  fwd_candidates(p, requested, gpu, cands, every);
-  // A cached mode asked of a row that no cached design holds streams it twice.
-  if (cands.empty()) fwd_candidates(p, NormMode::kMultiWaveReload, gpu, cands, every);
-  // A mode none of whose designs carries a quantized output's epilogue plans as auto.
-  if (cands.empty()) fwd_candidates(p, NormMode::kAuto, gpu, cands, every);
+  // A cached mode asked of a row no cached design holds streams it twice; a
+  // mode none of whose designs carries a quantized output's epilogue plans as auto.
+  for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
+    if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
   NormFwdPlan plan;
   const Candidate& best = pick(true, tuned, explain, cands, plan, [&](Candidate& c) { cost_fwd(p, gpu, c); });
   plan.design = static_cast<FwdDesign>(best.design);
