@@ -1,14 +1,11 @@
-// Cost model (see cost_model.h). Every constant is a hardware figure of the
-// sm_80 - sm_100 parts, not a fit to a benchmark shape:
-// - DRAM bandwidth per SM, and the bytes an SM must keep requested to reach
-//   it (Little's law: bandwidth x about 1.5 us of loaded latency).
-// - One row block's round trip: a DRAM load, the row reduction, the store.
-// - A dependent kernel's launch (partly hidden by programmatic launches).
-// - A thread's serial work on the elements it holds once its loads land.
-#include "ops/norm/plan/cost_model.h"
-
+// The cost model: one call's device time for a candidate, estimated from the
+// bytes it moves, the bytes each SM keeps in flight, its waves, its dependent
+// chain and its launches. It ranks candidates; it is not a timer. Every
+// constant is a hardware figure of sm_80 - sm_100 (docs/designs.md).
 #include <algorithm>
 #include <cmath>
+
+#include "ops/norm/plan/designs.h"
 
 namespace rtcnorm {
 namespace {
@@ -19,20 +16,12 @@ constexpr double kExchangeUs = 0.6;       // slices' statistics meeting (cluster
 constexpr double kLaunchUs = 1.5;         // a dependent kernel's launch and ramp
 constexpr double kSmemPass = 0.10;        // a row's pass through shared memory, relative to its DRAM time
 constexpr double kPartialOverlap = 0.25;  // the share of the shorter of streaming and the chain not hidden
-// A barrier round of a row reduction costs a thread about as much time as
-// loading this many bytes (it decides how long a CTA has no loads in flight).
-constexpr double kBarrierBytes = 13.0;
-constexpr double kL2TripUs = 0.3;  // gamma fetched after the reduction (not preloaded)
-// A thread's time per element it holds, on a row block's path: the
-// forward's statistics and normalize, the backward's two row dots, dx and
-// the dW / dB sums (H200, one-wave grids of 1-389 rows: 8 to 64 elements a
-// thread, forward and backward alike linear in the count).
-constexpr double kFwdElementUs = 0.02;
-constexpr double kBwdElementUs = 0.05;
-// The split backward's column kernel walks rows down columns: it streams at
-// about 60% of copy bandwidth (H100 and H200, every width measured).
-constexpr double kSplitEfficiency = 0.6;
-constexpr double kPersistentLoop = 0.97;
+constexpr double kBarrierBytes = 13.0;    // a barrier round costs a thread the time of loading this many bytes
+constexpr double kL2TripUs = 0.3;         // gamma fetched after the reduction (not preloaded)
+constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds: statistics and normalize
+constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
+constexpr double kSplitEfficiency = 0.6;  // the split column kernel walks rows down columns
+constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
 constexpr int64_t kSmemPerSm = 228 * 1024;
 
 double dram_bytes_per_us(const Gpu& gpu) {
@@ -44,13 +33,13 @@ struct Shape {
   double bytes = 0;              // DRAM traffic of the call
   double row_block_bytes = 0;    // bytes one row block has requested at once
   int launches = 1;              // kernels in the call
-  bool exchange = false;         // slices exchange statistics every row block
   double reductions = 1;         // row reductions a row block waits on (LayerNorm's two passes: 2)
   double after_reduction = 0;    // latency on a row block's path after its reduction
   double serial_us = 0;          // a thread's work on the elements it holds, per row block
   double tail_us = 0;            // work after the last row block (column CTAs' sums)
   double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
   bool walks_rows = false;       // a CTA loads row after row even in one wave
+  int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
 };
 
 // A thread's serial work on one row block: every element it holds, over
@@ -65,20 +54,18 @@ double serial_us(const NormProblem& p, const Candidate& c, double per_element_us
 void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const int slices = std::max(1, c.knobs.slices);
   const int threads = c.key.threads();
-  // CTAs an SM holds: as many as the registers a thread needs allow (the
-  // launch bounds are a floor: ptxas takes fewer registers where it can),
-  // within shared memory and 2048 threads.
-  int resident = blocks_leaving(threads, std::max(1, 2048 / std::max(1, threads)), c.regs);
-  if (c.smem > 0) resident = static_cast<int>(std::min<int64_t>(resident, std::max<int64_t>(1, kSmemPerSm / c.smem)));
-  resident = std::max(resident, c.knobs.blocks_per_sm);
+  // CTAs an SM holds: as many as the registers a thread needs allow, within
+  // shared memory and 2048 threads; the launch bounds are a floor.
+  const int regs_allow = blocks_leaving(threads, std::max(1, 2048 / std::max(1, threads)), c.regs);
+  const int resident = std::max(fit_smem(regs_allow, static_cast<int64_t>(c.smem), kSmemPerSm), c.knobs.blocks_per_sm);
   const double slots = std::max(1.0, double(gpu.sm_count) * resident / slices);
-  const double busy = std::min<double>(double(c.row_blocks), slots);
-  const double rounds = std::ceil(double(c.row_blocks) / busy);
+  const double blocks = double(s.row_blocks > 0 ? s.row_blocks : c.row_blocks);
+  const double busy = std::min<double>(blocks, slots);
+  const double rounds = std::ceil(blocks / busy);
   c.grid = static_cast<int64_t>(busy) * slices;
-  // A CTA has loads outstanding for only part of its time: it also meets
-  // at barriers to reduce the row (`duty`). The SM's DRAM share idles while
-  // all of its CTAs are between loads at once. A ring keeps the next rows'
-  // loads in flight (`ahead`).
+  // A CTA has loads in flight only between the barriers of its row
+  // reduction (`duty`); the SM's DRAM share idles while all of its CTAs are
+  // between loads. A ring keeps the next rows' loads in flight (`ahead`).
   const double ahead = c.knobs.ring_stages > 1 ? c.knobs.ring_stages - 1 : 1.0;
   const double ctas_per_sm = busy * slices / gpu.sm_count;
   const double cta_bytes = s.row_block_bytes / slices;
@@ -86,29 +73,22 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const double thread_bytes = cta_bytes / std::max(1, threads);
   const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
   const double duty = thread_bytes / (thread_bytes + kBarrierBytes * warps);
-  // In one wave of row blocks every CTA requests its rows at launch: no CTA
-  // waits between loads, so the duty does not thin the SM's requests.
+  // In one wave every CTA requests its rows at launch: the duty thins nothing.
   const bool one_shot = rounds <= 1 && !s.walks_rows;
   const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, std::max(1.0, ctas_per_sm));
-  const double balance = double(c.row_blocks) / (rounds * busy);
-  // A persistent CTA's row blocks follow one another: no fresh CTA fills the
-  // gap between one row's stores and the next row's loads.
+  const double balance = blocks / (rounds * busy);
   const double loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
   c.efficiency = overlap * balance * s.design_efficiency * loop;
-  // The dependent chain: each resident slot's row blocks one after another,
-  // a load round trip, the reduction's barriers and what follows it each.
-  // A row reduction across warps: one barrier round up to 8 warps, longer
-  // as more warps arrive and feed the shared-memory step.
+  // The dependent chain: each slot's row blocks one after another, each a
+  // load round trip, the reduction's barriers (one round up to 8 warps) and
+  // what follows; a thread's work on its elements is exposed once, at the end.
   const double warps_per_row = c.key.threads_per_row / 32.0;
   const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
-  const double exchange = s.exchange && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
-  // A thread's work on its elements is exposed once, on the last row block:
-  // before it, other CTAs of the SM load while this one computes.
+  const double exchange = slices > 1 && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
   const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + s.serial_us + s.tail_us;
   const double pass = (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
-  const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);
-  // The two overlap only in part.
+  const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);  // overlaps the chain in part
   c.bytes = s.bytes;
   c.us = std::max(stream, chain) + kPartialOverlap * std::min(stream, chain) + kLaunchUs * (s.launches - 1);
 }
@@ -127,7 +107,6 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
                             ? rows * c.key.threads_per_row * c.knobs.vecs_per_thread * c.key.vec * p.esize()
                             : rows * row / std::max(1, c.knobs.slices);
   s.row_block_bytes = loaded * (p.residual ? 2.0 : 1.0) * std::max(1, c.knobs.slices);
-  s.exchange = c.knobs.slices > 1;
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   const bool gamma_ready = (c.key.flags & (kPreloadAffine | kKeepGamma)) != 0;
   if (p.affine_tensors() > 0 && !gamma_ready) s.after_reduction = kL2TripUs;
@@ -152,30 +131,26 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     s.design_efficiency = kSplitEfficiency;
     s.walks_rows = true;
     s.row_block_bytes = double(c.key.threads_per_row) * c.knobs.vecs_per_thread * c.key.vec * p.esize() * 2.0;
-    // Its chain: the coefficient kernel's round, then each column thread's
-    // walk down its tile, rows_in_flight rows a round trip.
+    // Its chain: the coefficient kernel, then a walk down the tile,
+    // rows_in_flight rows a round trip.
     const double rows_per_tile = std::ceil(m / tiles);
     s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
-    c.knobs.slices = 1;
-    const int64_t rb = c.row_blocks;
-    c.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
+    s.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
     finish(s, gpu, c);
-    c.row_blocks = rb;
     return;
   }
   const bool direct = (c.key.flags & (kDirectGrads | kColumnGrads)) != 0;
   s.launches = direct || w.accums() == 0 ? 1 : 2;
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   if (d == BwdDesign::kColumnGrads) {
-    // Column CTAs re-read x and dy (from L2: the rows are few) and sum every
-    // row of their lanes: a load latency per few rows.
+    // Column CTAs re-read x and dy (from L2: the rows are few), a load latency
+    // per few rows.
     const double lanes = std::max(1.0, double(c.key.threads()) / c.col_vecs);
     s.bytes += m * row * 2.0 * 0.5;
     s.tail_us = kLatencyUs * std::ceil(m / lanes) / 4.0;
   }
   const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
   s.row_block_bytes = rows * row * (streams - 1.0);
-  s.exchange = c.knobs.slices > 1;
   s.serial_us = serial_us(p, c, kBwdElementUs);
   finish(s, gpu, c);
   // Each persistent unit (a CTA, or a row's slices) writes an fp32 partial

@@ -1,11 +1,11 @@
 // The norm design catalogue: each design is one kernel structure, with the
 // knobs it declares, when it is feasible, the resources it takes and how it
 // lowers to a kernel key. The planner (planner.h) enumerates candidates of
-// every feasible design, the cost model (cost_model.h) ranks them.
+// every feasible design, the cost model ranks them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "jit/kernel_key.h"
@@ -27,6 +27,7 @@ enum class BwdDesign : uint8_t {
   kStagedRow,    // as kRegisterRow, x and dy staged through a cp.async ring in shared memory
   kSlicedRow,    // a row split over a cluster's CTAs (or a cooperative group), each slice staged or in registers
   kSplitRow,     // a per-row coefficient kernel, then a column kernel over row tiles: any width
+                 // (its vecs_per_thread: rows in flight a thread of the column kernel)
   kColumnGrads,  // few row blocks: row CTAs write dx, column CTAs beside them dW / dB over every row
 };
 constexpr int kFwdDesignCount = 4, kBwdDesignCount = 5;
@@ -90,14 +91,36 @@ struct Candidate {
 // unless `every` (a forced design: every feasible candidate).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every);
-// A kernel of `family` for the problem: its types, width, widest vector and
-// arch; the design fills in the layout and flags.
-jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch);
+// The cost model (cost_model.cpp) fills a candidate's cost terms and `us`.
+void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c);
+void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c);
 // The split backward's per-row coefficient kernel for a problem.
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
-// The knobs each design declares (overrides of any other knob are refused).
-// (bit k: Knob k; `design` must be below design_count(forward)).
+// The knobs each design declares, bit k: Knob k (overrides of any other
+// knob are refused); `design` must be below design_count(forward).
 unsigned declared_knobs(bool forward, int design);
+
+// Shared by the designs (designs.cpp). A kernel of `family` for the problem:
+// types, width, widest vector and arch; the design adds layout and flags.
+jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch);
+// Flags of the parameters and row maps every kernel of a problem reads.
+unsigned base_flags(const NormProblem& p);
+// Rows of `hidden` elements (a row's slice when sliced) over a CTA of about
+// `cta_threads` threads at about `nv_target` vectors a thread.
+struct Layout {
+  int vec = 1, tpr = 1, rows = 1, nv = 1, threads = 1;
+  int64_t row_blocks = 0;
+};
+Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
+constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
+// A candidate of `design` on layout `l`: row knobs and kernel key (`blocks`: launch bounds).
+Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* family, const Layout& l, int nv,
+                    int blocks, unsigned flags, int arch);
+// A row split over the `s` CTAs of a thread-block cluster (distributed
+// shared memory); grid_exchange(): over `s` consecutive CTAs of a persistent
+// cooperative launch meeting in global memory (any SM).
+void slice(Candidate& c, int s);
+Candidate grid_exchange(Candidate c);
 
 // Threads per row for `nvec` vectors at about `nv` vectors a thread: a power
 // of two up to a warp (butterfly reductions), else a multiple of 32 (at most
@@ -108,5 +131,9 @@ int threads_per_row(int64_t nvec, int nv);
 // `blocks`) that leave `need` registers.
 int regs_at(int threads, int blocks);
 int blocks_leaving(int threads, int blocks, int need);
+// CTAs an SM (at most `blocks`, at least 1) that `smem` bytes each leave room for.
+inline int fit_smem(int blocks, int64_t smem, int64_t limit) {
+  return smem > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, limit / smem))) : blocks;
+}
 
 }  // namespace rtcnorm

@@ -8,16 +8,6 @@
 namespace rtcnorm {
 namespace {
 
-void knobs_text(std::ostringstream& os, bool forward, int design, const Knobs& k) {
-  bool first = true;
-  for (int i = 0; i < kKnobCount; ++i) {
-    const Knob knob = static_cast<Knob>(i);
-    if ((declared_knobs(forward, design) >> i & 1u) == 0) continue;
-    os << (first ? "" : " ") << knob_name(knob) << "=" << k.get(knob);
-    first = false;
-  }
-}
-
 std::string trace_text(const PlanTrace& t, bool forward) {
   std::ostringstream os;
   os.precision(3);
@@ -25,7 +15,12 @@ std::string trace_text(const PlanTrace& t, bool forward) {
   for (size_t i = 0; i < t.ranked.size(); ++i) {
     const Candidate& c = t.ranked[i];
     os << (i == 0 ? "" : i == 1 ? "; then: " : "; ") << design_name(forward, c.design) << " (";
-    knobs_text(os, forward, c.design, c.knobs);
+    const char* sep = "";
+    for (int k = 0; k < kKnobCount; ++k) {
+      if ((declared_knobs(forward, c.design) >> k & 1u) == 0) continue;
+      os << sep << knob_name(static_cast<Knob>(k)) << "=" << c.knobs.get(static_cast<Knob>(k));
+      sep = " ";
+    }
     os << ") " << c.us << " us";
     if (i == 0)
       os << ", " << c.bytes / 1e6 << " MB moved at " << int(c.efficiency * 100 + 0.5) << "% of DRAM bandwidth, "
@@ -33,7 +28,7 @@ std::string trace_text(const PlanTrace& t, bool forward) {
   }
   os << "; " << (forward ? "forward:" : "backward:") << " ranked " << t.considered
      << " feasible candidates by the cost model";
-  if (t.forced_design || t.forced_knobs) os << " (restricted by an override)";
+  if (t.forced) os << " (restricted by an override)";
   if (t.tuned) os << " (the measured choice of rtcnorm.tune)";
   return os.str();
 }

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "ops/norm/plan/cost_model.h"
+#include "ops/norm/plan/designs.h"
 
 namespace rtcnorm {
 
@@ -35,22 +35,31 @@ void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& ca
     if (use_tuned ? matches(c, tuned->design, tuned->knobs, declared) : matches(c, o.design, o.knobs, o.set))
       kept.push_back(c);
   if (kept.empty()) return;
-  trace.forced_design = !use_tuned && o.design >= 0;
-  trace.forced_knobs = !use_tuned && o.set != 0;
+  trace.forced = !use_tuned;
   trace.tuned = use_tuned;
   cands.swap(kept);
 }
 
-// The cheapest candidate; ties keep the catalogue's order. With a trace,
-// the cheapest few in order.
-const Candidate& rank(std::vector<Candidate>& cands, PlanTrace* trace) {
+// Restricts, prices and ranks the candidates and takes the cheapest into
+// `plan` (ties keep the catalogue's order); explaining, traces the cheapest few.
+template <class Cost>
+const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std::vector<Candidate>& cands,
+                      NormPlan& plan, Cost cost) {
+  restrict(forward, tuned, cands, plan.trace);
+  for (Candidate& c : cands) cost(c);
   TORCH_INTERNAL_ASSERT(!cands.empty(), "rtcnorm: the norm catalogue has no feasible design");
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.us < b.us; });
-  if (trace != nullptr) {
-    trace->considered = static_cast<int>(cands.size());
-    trace->ranked.assign(cands.begin(), cands.begin() + std::min<size_t>(kTraceLength, cands.size()));
+  if (explain) {
+    plan.trace.considered = static_cast<int>(cands.size());
+    plan.trace.ranked.assign(cands.begin(), cands.begin() + std::min<size_t>(kTraceLength, cands.size()));
   }
-  return cands.front();
+  const Candidate& best = cands.front();
+  plan.knobs = best.knobs;
+  plan.key = best.key;
+  plan.row_blocks = best.row_blocks;
+  plan.smem = best.smem;
+  plan.cost_us = best.us;
+  return best;
 }
 
 }  // namespace
@@ -69,26 +78,18 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
   const bool every = override_slot(true).design >= 0;
-  fwd_candidates(p, requested, gpu, cands, every);
-  // A cached mode asked of a row that no cached design holds streams it twice.
-  if (cands.empty()) fwd_candidates(p, NormMode::kMultiWaveReload, gpu, cands, every);
-  // A mode none of whose designs carries a quantized output's epilogue plans as auto.
-  if (cands.empty()) fwd_candidates(p, NormMode::kAuto, gpu, cands, every);
+  // A cached mode asked of a row no cached design holds streams it twice; a
+  // mode none of whose designs carries a quantized output's epilogue plans as auto.
+  for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
+    if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
   NormFwdPlan plan;
-  restrict(true, tuned, cands, plan.trace);
-  for (Candidate& c : cands) cost_fwd(p, gpu, c);
-  const Candidate& best = rank(cands, explain ? &plan.trace : nullptr);
+  const Candidate& best = pick(true, tuned, explain, cands, plan, [&](Candidate& c) { cost_fwd(p, gpu, c); });
   plan.design = static_cast<FwdDesign>(best.design);
-  plan.knobs = best.knobs;
-  plan.key = best.key;
   plan.persistent = best.knobs.persistent;
   plan.cached = plan.design != FwdDesign::kReloadRow;
   plan.mode = plan.persistent ? NormMode::kStaticPersistent
               : plan.cached   ? NormMode::kMultiWaveCached
                               : NormMode::kMultiWaveReload;
-  plan.row_blocks = best.row_blocks;
-  plan.smem = best.smem;
-  plan.cost_us = best.us;
   return plan;
 }
 
@@ -99,17 +100,10 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   std::vector<Candidate> cands;
   bwd_candidates(p, w, gpu, cands, override_slot(false).design >= 0);
   NormBwdPlan plan;
-  restrict(false, tuned, cands, plan.trace);
-  for (Candidate& c : cands) cost_bwd(p, w, gpu, c);
-  const Candidate& best = rank(cands, explain ? &plan.trace : nullptr);
+  const Candidate& best = pick(false, tuned, explain, cands, plan, [&](Candidate& c) { cost_bwd(p, w, gpu, c); });
   plan.design = static_cast<BwdDesign>(best.design);
-  plan.knobs = best.knobs;
-  plan.key = best.key;
   plan.split = plan.design == BwdDesign::kSplitRow;
   plan.cached = !plan.split;
-  plan.row_blocks = best.row_blocks;
-  plan.smem = best.smem;
-  plan.cost_us = best.us;
   plan.programmatic = arch >= 90;
   plan.col_vecs = best.col_vecs;
   plan.col_ctas = best.col_ctas;

@@ -8,9 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/kernel_key.h"
 #include "ops/norm/plan/designs.h"
-#include "ops/norm/plan/problem.h"
 
 namespace rtcnorm {
 
@@ -18,43 +16,39 @@ namespace rtcnorm {
 struct PlanTrace {
   std::vector<Candidate> ranked;  // cheapest first, at most kTraceLength
   int considered = 0;             // feasible candidates costed
-  bool forced_design = false;     // an override restricted the design
-  bool forced_knobs = false;      // an override restricted knobs
+  bool forced = false;            // an override restricted the design or knobs
   bool tuned = false;             // a measured choice (rtcnorm.tune) was taken
 };
 constexpr int kTraceLength = 6;
 
-struct NormFwdPlan {
-  FwdDesign design = FwdDesign::kRegisterRow;
+// What a plan of either direction takes from the picked candidate.
+struct NormPlan {
   Knobs knobs;
-  jit::KernelKey key;
-  NormMode mode = NormMode::kAuto;  // resolved, never kAuto
-  bool persistent = false;
-  bool cached = false;  // x is read once (registers or shared memory)
+  jit::KernelKey key;  // the kernel (the split backward: its column kernel)
   int64_t row_blocks = 0;
   size_t smem = 0;
   double cost_us = 0;
   PlanTrace trace;  // filled when explaining
 };
 
-struct NormBwdPlan {
+struct NormFwdPlan : NormPlan {
+  FwdDesign design = FwdDesign::kRegisterRow;
+  NormMode mode = NormMode::kAuto;  // resolved, never kAuto
+  bool persistent = false;
+  bool cached = false;  // x is read once (registers or shared memory)
+};
+
+struct NormBwdPlan : NormPlan {
   BwdDesign design = BwdDesign::kRegisterRow;
-  Knobs knobs;
-  jit::KernelKey key;  // the persistent kernel, or the split design's column kernel
   bool cached = false;
   bool split = false;
-  jit::KernelKey coef_key;  // the split design's per-row coefficient kernel
-  int64_t row_blocks = 0;
-  size_t smem = 0;
-  // Kernels after the first are launched programmatically (sm_90+).
-  bool programmatic = false;
+  jit::KernelKey coef_key;    // the split design's per-row coefficient kernel
+  bool programmatic = false;  // kernels after the first launch programmatically (sm_90+)
   // The persistent grid's units (CTAs, or a row's slices) at most: the
   // cost model's grid, so that the partial rows it priced are those written.
   int64_t max_units = std::numeric_limits<int64_t>::max();
   int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;
-  double cost_us = 0;
-  PlanTrace trace;
 };
 
 // `tuned`: a measured choice for this exact problem, taken where it is
