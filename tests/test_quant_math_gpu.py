@@ -7,7 +7,8 @@ same headers and launched through the CUDA driver, compares over every fp32
 bit pattern:
 
 - e2m1_code against the plain definition (the code of the nearest E2M1 value,
-  ties to the even code, saturating; NaN gives +6) and e2m1_codes' packing;
+  ties to the even code, saturating; NaN gives +6) and e2m1_codes' packing
+  (the device gathers signs with byte permutes);
 - on sm_89+, the hardware E4M3 byte and value against quant::e4m3_code and
   e4m3_value for every non-negative float and +inf (the block-scale inputs),
   and the epilogue's (scale byte, encode multiplier) against
@@ -39,7 +40,7 @@ __device__ unsigned e2m1_by_compares(float v) {
   return (__float_as_uint(v) >> 31) << 3 | mag;
 }
 
-// bad[0]: e2m1_code; bad[1]: e2m1_codes<8>; bad[2]: hardware E4M3 byte;
+// bad[0]: e2m1_code; bad[1]: e2m1_codes<8> and <4>; bad[2]: hardware E4M3 byte;
 // bad[3]: hardware E4M3 value; bad[4]: NVFP4 scale byte and multiplier.
 extern "C" __global__ void check(unsigned long long* bad, float gs) {
   const unsigned long long stride = 1ull * gridDim.x * blockDim.x;
@@ -54,7 +55,9 @@ extern "C" __global__ void check(unsigned long long* bad, float gs) {
         w[j] = __uint_as_float(u + 0x2f0e3d1bu * j);
         want |= quant::e2m1_code(w[j]) << (4 * j);
       }
-      if (quant::e2m1_codes<8>(w, 1.f) != want) atomicAdd(&bad[1], 1ull);
+      const float w4[4] = {w[0], w[1], w[2], w[3]};
+      if (quant::e2m1_codes<8>(w, 1.f) != want || quant::e2m1_codes<4>(w4, 1.f) != (want & 0xffffu))
+        atomicAdd(&bad[1], 1ull);
     }
 #if __CUDA_ARCH__ >= 890
     if (u <= 0x7f800000u) {  // non-negative, up to +inf
@@ -70,7 +73,7 @@ extern "C" __global__ void check(unsigned long long* bad, float gs) {
   }
 }
 """
-CHECKS = ("e2m1_code", "e2m1_codes<8>", "hardware E4M3 byte", "hardware E4M3 value", "NVFP4 scale and multiplier")
+CHECKS = ("e2m1_code", "e2m1_codes", "hardware E4M3 byte", "hardware E4M3 value", "NVFP4 scale and multiplier")
 
 
 def _call(fn, *args):

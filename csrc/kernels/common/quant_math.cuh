@@ -146,21 +146,48 @@ RTCNORM_QFN unsigned e2m1_code(float v) {
   return (bits_of(c) >> 28 & 8u) | ((t & 7u) + (t >> 22) - 254u);
 }
 
+#if defined(__CUDA_ARCH__)
+// Bytes of {b, a} (a: 0-3, b: 4-7) picked by the nibbles of sel; a nibble's
+// bit 3 fills the byte with the picked byte's top bit.
+__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned sel) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+#endif
+
+// The sign bits of K fp32 patterns at bit 4j + 3, as e2m1 nibbles hold them.
+// The device gathers four signs a word in three byte permutes.
+template <int K>
+RTCNORM_QFN unsigned e2m1_signs(const unsigned (&b)[K]) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (K == 8) {
+    const unsigned even = byte_perm(byte_perm(b[0], b[2], 0xfbfbu), byte_perm(b[4], b[6], 0xfbfbu), 0x5410u);
+    const unsigned odd = byte_perm(byte_perm(b[1], b[3], 0xfbfbu), byte_perm(b[5], b[7], 0xfbfbu), 0x5410u);
+    return (even & 0x08080808u) | (odd & 0x80808080u);
+  }
+  if constexpr (K == 4) return (byte_perm(b[0], b[2], 0xfbfbu) & 0x0808u) | (byte_perm(b[1], b[3], 0xfbfbu) & 0x8080u);
+#endif
+  unsigned signs = 0;
+  for (int j = 0; j < K; ++j) signs |= (b[j] >> 31) << (4 * j + 3);
+  return signs;
+}
+
 // The codes of v[j] * mult, j < K <= 8, element j in nibble j; equal to
 // packing e2m1_code. The magnitudes are summed with their 254 offsets,
 // which one subtraction removes (the nibbles never carry).
 template <int K>
 RTCNORM_QFN unsigned e2m1_codes(const float (&v)[K], float mult) {
   static_assert(K >= 1 && K <= 8, "eight nibbles to a word");
-  unsigned sum = 0, signs = 0, offset = 0;
+  unsigned sum = 0, offset = 0, b[K];
   for (int j = 0; j < K; ++j) {
     const float c = e2m1_clamp(v[j] * mult);
     const unsigned t = e2m1_grid_bits(c);
     sum += ((t & 7u) + (t >> 22)) << (4 * j);
-    signs |= (bits_of(c) >> 31) << (4 * j + 3);
     offset += 254u << (4 * j);
+    b[j] = bits_of(c);
   }
-  return (sum - offset) | signs;
+  return (sum - offset) | e2m1_signs<K>(b);
 }
 
 RTCNORM_QFN float e4m3_value(unsigned c) {
