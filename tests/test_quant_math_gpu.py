@@ -12,7 +12,9 @@ bit pattern:
 - on sm_89+, the hardware E4M3 byte and value against quant::e4m3_code and
   e4m3_value for every non-negative float and +inf (the block-scale inputs),
   and the epilogue's (scale byte, encode multiplier) against
-  quant::nvfp4_scale_code / nvfp4_encode for every non-negative block amax.
+  quant::nvfp4_scale_code / nvfp4_encode for every non-negative block amax;
+  the words of four FP8 data codes (E4M3 and E5M2) against
+  quant::e4m3_code / e5m2_code for every float (NaN as arithmetic gives it).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ __device__ unsigned e2m1_by_compares(float v) {
 }
 
 // bad[0]: e2m1_code; bad[1]: e2m1_codes<8> and <4>; bad[2]: hardware E4M3 byte;
-// bad[3]: hardware E4M3 value; bad[4]: NVFP4 scale byte and multiplier.
+// bad[3]: hardware E4M3 value; bad[4]: NVFP4 scale byte and multiplier;
+// bad[5]: hardware FP8 data words.
 extern "C" __global__ void check(unsigned long long* bad, float gs) {
   const unsigned long long stride = 1ull * gridDim.x * blockDim.x;
   for (unsigned long long i = 1ull * blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 32); i += stride) {
@@ -60,6 +63,19 @@ extern "C" __global__ void check(unsigned long long* bad, float gs) {
         atomicAdd(&bad[1], 1ull);
     }
 #if __CUDA_ARCH__ >= 890
+    if ((u & 3u) == 0) {  // four consecutive patterns, both FP8 formats
+      // The epilogue converts products, whose NaN is the canonical 0x7FFFFFFF.
+      float q[4];
+      unsigned e4 = 0, e5 = 0;
+      for (int j = 0; j < 4; ++j) {
+        const unsigned b = u + j;
+        q[j] = __uint_as_float((b & 0x7fffffffu) > 0x7f800000u ? 0x7fffffffu : b);
+        e4 |= quant::e4m3_code(q[j]) << (8 * j);
+        e5 |= quant::e5m2_code(q[j]) << (8 * j);
+      }
+      if (fp8x4<false>(q[0], q[1], q[2], q[3]) != e4 || fp8x4<true>(q[0], q[1], q[2], q[3]) != e5)
+        atomicAdd(&bad[5], 1ull);
+    }
     if (u <= 0x7f800000u) {  // non-negative, up to +inf
       const unsigned c = e4m3_of(v);
       if (c != quant::e4m3_code(v)) atomicAdd(&bad[2], 1ull);
@@ -73,7 +89,14 @@ extern "C" __global__ void check(unsigned long long* bad, float gs) {
   }
 }
 """
-CHECKS = ("e2m1_code", "e2m1_codes", "hardware E4M3 byte", "hardware E4M3 value", "NVFP4 scale and multiplier")
+CHECKS = (
+    "e2m1_code",
+    "e2m1_codes",
+    "hardware E4M3 byte",
+    "hardware E4M3 value",
+    "NVFP4 scale and multiplier",
+    "hardware FP8 words",
+)
 
 
 def _call(fn, *args):

@@ -44,6 +44,24 @@ __device__ __forceinline__ unsigned fp8x2(float lo, float hi) {
   return r;
 }
 
+// Four FP8 codes in one word (a in the low byte), as fp8x2 gives them; the
+// halves join inside the asm so no byte is split out and reassembled.
+template <bool E5M2>
+__device__ __forceinline__ unsigned fp8x4(float a, float b, float c, float d) {
+  unsigned r;
+  if constexpr (E5M2)
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+        " cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n mov.b32 %0, {lo, hi};\n}"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  else
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        " cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n mov.b32 %0, {lo, hi};\n}"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  return r;
+}
+
 // The E4M3 code of v >= 0 (+inf and past 448: 0x7E), as quant::e4m3_code
 // gives it.
 __device__ __forceinline__ unsigned e4m3_of(float v) { return fp8x2<false>(v, 0.f) & 0xffu; }
@@ -62,7 +80,16 @@ template <bool E5M2, int VEC>
 __device__ __forceinline__ Pack<unsigned char, VEC> fp8_pack(const float (&f)[VEC], float mult) {
   Pack<unsigned char, VEC> q;
 #if __CUDA_ARCH__ >= 890
-  if constexpr (VEC % 2 == 0) {
+  if constexpr (VEC % 4 == 0) {  // whole 32-bit words of codes
+    union {
+      unsigned w[VEC / 4];
+      Pack<unsigned char, VEC> pack;
+    } u;
+#pragma unroll
+    for (int j = 0; j < VEC; j += 4)
+      u.w[j / 4] = fp8x4<E5M2>(f[j] * mult, f[j + 1] * mult, f[j + 2] * mult, f[j + 3] * mult);
+    return u.pack;
+  } else if constexpr (VEC % 2 == 0) {
 #pragma unroll
     for (int j = 0; j < VEC; j += 2) {
       const unsigned two = fp8x2<E5M2>(f[j] * mult, f[j + 1] * mult);
