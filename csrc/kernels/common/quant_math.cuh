@@ -132,8 +132,10 @@ RTCNORM_QFN unsigned e5m2_code(float v) { return small_float_code<2, 15, 7>(v, 5
 // counts, in its low bits, the steps of a on the format's grid above 0 in
 // a's binade (steps of 0.5 below 2, of 1 in [2, 4), of 2 in [4, 6]),
 // rounded to nearest even; the code is steps + 2 log2(p), and an even code
-// is an even step count, so ties go to even. t's exponent field carries
-// log2(p): magnitude code = (t & 7) + (t >> 22) - 254. e2m1_code equals
+// is an even step count, so ties go to even. t stays in p's binade, so
+// t >> 22 = 2 (log2(p) + 127): magnitude code = (t & 7) + (t >> 22) - 254.
+// a * 2^-22 is exact or far below half an ulp of p, so the add contracted
+// into an fma gives the same t. e2m1_code equals
 // small_float_code<1, 1, 3>(v, 6.f, 7u, 7u) for every float.
 RTCNORM_QFN float e2m1_clamp(float v) { return max_num(min_num(v, 6.f), -6.f); }
 RTCNORM_QFN unsigned e2m1_grid_bits(float c) {
@@ -165,12 +167,15 @@ RTCNORM_QFN unsigned e2m1_signs(const unsigned (&b)[K]) {
     const unsigned even = byte_perm(byte_perm(b[0], b[2], 0xfbfbu), byte_perm(b[4], b[6], 0xfbfbu), 0x5410u);
     const unsigned odd = byte_perm(byte_perm(b[1], b[3], 0xfbfbu), byte_perm(b[5], b[7], 0xfbfbu), 0x5410u);
     return (even & 0x08080808u) | (odd & 0x80808080u);
-  }
-  if constexpr (K == 4) return (byte_perm(b[0], b[2], 0xfbfbu) & 0x0808u) | (byte_perm(b[1], b[3], 0xfbfbu) & 0x8080u);
+  } else if constexpr (K == 4) {
+    return (byte_perm(b[0], b[2], 0xfbfbu) & 0x0808u) | (byte_perm(b[1], b[3], 0xfbfbu) & 0x8080u);
+  } else
 #endif
-  unsigned signs = 0;
-  for (int j = 0; j < K; ++j) signs |= (b[j] >> 31) << (4 * j + 3);
-  return signs;
+  {
+    unsigned signs = 0;
+    for (int j = 0; j < K; ++j) signs |= (b[j] >> 31) << (4 * j + 3);
+    return signs;
+  }
 }
 
 // The codes of v[j] * mult, j < K <= 8, element j in nibble j; equal to
