@@ -73,6 +73,31 @@ RTCNORM_QFN float round_even(float v) {
 #endif
 }
 
+// IEEE minNum / maxNum against a non-NaN b: a NaN a gives b.
+RTCNORM_QFN float min_num(float a, float b) {
+#if defined(__CUDACC_RTC__)
+  return fminf(a, b);
+#else
+  return a <= b ? a : b;
+#endif
+}
+
+RTCNORM_QFN float max_num(float a, float b) {
+#if defined(__CUDACC_RTC__)
+  return fmaxf(a, b);
+#else
+  return a >= b ? a : b;
+#endif
+}
+
+RTCNORM_QFN float abs_of(float a) {
+#if defined(__CUDACC_RTC__)
+  return fabsf(a);
+#else
+  return std::fabs(a);
+#endif
+}
+
 // 2^k for k in [-126, 127].
 RTCNORM_QFN float pow2(int k) { return float_of(static_cast<unsigned>(k + 127) << 23); }
 
@@ -100,19 +125,74 @@ RTCNORM_QFN unsigned small_float_code(float v, float maxv, unsigned max_code, un
 
 RTCNORM_QFN unsigned e4m3_code(float v) { return small_float_code<3, 7, 7>(v, 448.f, 0x7eu, 0x7fu); }
 RTCNORM_QFN unsigned e5m2_code(float v) { return small_float_code<2, 15, 7>(v, 57344.f, 0x7bu, 0x7fu); }
-// E2M1 has no NaN: NaN gives +6 (code 7). Its eight magnitudes make the
-// code a count of the rounding boundaries below |v|: a boundary is passed
-// at equality where the even code lies above it (0.75 -> 1, 1.75 -> 2,
-// 3.5 -> 4), so ties go to even; past 5 everything saturates to 6. Exactly
-// small_float_code<1, 1, 3>, in a third of its instructions.
+// E2M1 codes 0-7 stand for 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
+// It has no NaN: NaN gives +6 (0x7); -0 gives 0x8. e2m1_clamp saturates
+// to [-6, 6] (infinities too) and sends NaN to +6. For a = |c|, c clamped,
+// and p = 2^max(floor(log2 a), 0), t = p + a * 2^-22 rounded once to fp32
+// counts, in its low bits, the steps of a on the format's grid above 0 in
+// a's binade (steps of 0.5 below 2, of 1 in [2, 4), of 2 in [4, 6]),
+// rounded to nearest even; the code is steps + 2 log2(p), and an even code
+// is an even step count, so ties go to even. t stays in p's binade, so
+// t >> 22 = 2 (log2(p) + 127): magnitude code = (t & 7) + (t >> 22) - 254.
+// a * 2^-22 is exact or far below half an ulp of p, so the add contracted
+// into an fma gives the same t. e2m1_code equals
+// small_float_code<1, 1, 3>(v, 6.f, 7u, 7u) for every float.
+RTCNORM_QFN float e2m1_clamp(float v) { return max_num(min_num(v, 6.f), -6.f); }
+RTCNORM_QFN unsigned e2m1_grid_bits(float c) {
+  const float a = abs_of(c);
+  return bits_of(float_of(bits_of(max_num(a, 1.f)) & 0x7f800000u) + a * 0x1p-22f);
+}
 RTCNORM_QFN unsigned e2m1_code(float v) {
-  const float a = v < 0.f ? -v : v;
-  if (!(a == a)) return 0x7u;
-  const unsigned mag = static_cast<unsigned>(a > 0.25f) + static_cast<unsigned>(a >= 0.75f) +
-                       static_cast<unsigned>(a > 1.25f) + static_cast<unsigned>(a >= 1.75f) +
-                       static_cast<unsigned>(a > 2.5f) + static_cast<unsigned>(a >= 3.5f) +
-                       static_cast<unsigned>(a > 5.f);
-  return (bits_of(v) >> 31) << 3 | mag;
+  const float c = e2m1_clamp(v);
+  const unsigned t = e2m1_grid_bits(c);
+  return (bits_of(c) >> 28 & 8u) | ((t & 7u) + (t >> 22) - 254u);
+}
+
+#if defined(__CUDA_ARCH__)
+// Bytes of {b, a} (a: 0-3, b: 4-7) picked by the nibbles of sel; a nibble's
+// bit 3 fills the byte with the picked byte's top bit.
+__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned sel) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+#endif
+
+// The sign bits of K fp32 patterns at bit 4j + 3, as e2m1 nibbles hold them.
+// The device gathers four signs a word in three byte permutes.
+template <int K>
+RTCNORM_QFN unsigned e2m1_signs(const unsigned (&b)[K]) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (K == 8) {
+    const unsigned even = byte_perm(byte_perm(b[0], b[2], 0xfbfbu), byte_perm(b[4], b[6], 0xfbfbu), 0x5410u);
+    const unsigned odd = byte_perm(byte_perm(b[1], b[3], 0xfbfbu), byte_perm(b[5], b[7], 0xfbfbu), 0x5410u);
+    return (even & 0x08080808u) | (odd & 0x80808080u);
+  } else if constexpr (K == 4) {
+    return (byte_perm(b[0], b[2], 0xfbfbu) & 0x0808u) | (byte_perm(b[1], b[3], 0xfbfbu) & 0x8080u);
+  } else
+#endif
+  {
+    unsigned signs = 0;
+    for (int j = 0; j < K; ++j) signs |= (b[j] >> 31) << (4 * j + 3);
+    return signs;
+  }
+}
+
+// The codes of v[j] * mult, j < K <= 8, element j in nibble j; equal to
+// packing e2m1_code. The magnitudes are summed with their 254 offsets,
+// which one subtraction removes (the nibbles never carry).
+template <int K>
+RTCNORM_QFN unsigned e2m1_codes(const float (&v)[K], float mult) {
+  static_assert(K >= 1 && K <= 8, "eight nibbles to a word");
+  unsigned sum = 0, offset = 0, b[K];
+  for (int j = 0; j < K; ++j) {
+    const float c = e2m1_clamp(v[j] * mult);
+    const unsigned t = e2m1_grid_bits(c);
+    sum += ((t & 7u) + (t >> 22)) << (4 * j);
+    offset += 254u << (4 * j);
+    b[j] = bits_of(c);
+  }
+  return (sum - offset) | e2m1_signs<K>(b);
 }
 
 RTCNORM_QFN float e4m3_value(unsigned c) {
@@ -138,20 +218,27 @@ RTCNORM_QFN float e8m0_inverse(unsigned byte) {
 }
 
 // NVFP4: the E4M3 scale byte of a block of largest magnitude `amax` under
-// the global encode scale gs, and the multiplier taking the block to E2M1
-// (0 where the scale byte is 0).
-RTCNORM_QFN unsigned nvfp4_scale_code(float amax, float gs) { return e4m3_code((amax / 6.f) * gs); }
-RTCNORM_QFN float nvfp4_encode(unsigned scale_code, float gs) {
-  const float s = e4m3_value(scale_code);
-  return s == 0.f ? 0.f : gs / s;
-}
+// the global encode scale gs (the byte of nvfp4_scale_input), and the
+// multiplier taking the block to E2M1 from the scale's value s (0 where s
+// is 0).
+RTCNORM_QFN float nvfp4_scale_input(float amax, float gs) { return (amax / 6.f) * gs; }
+RTCNORM_QFN unsigned nvfp4_scale_code(float amax, float gs) { return e4m3_code(nvfp4_scale_input(amax, gs)); }
+RTCNORM_QFN float nvfp4_encode_of(float s, float gs) { return s == 0.f ? 0.f : gs / s; }
+RTCNORM_QFN float nvfp4_encode(unsigned scale_code, float gs) { return nvfp4_encode_of(e4m3_value(scale_code), gs); }
 
 // The blocked layout of block scales that cuBLAS and torch._scaled_mm take:
 // 128 x 4 tiles of the (rows, cols) matrix padded to multiples of (128, 4),
 // tiles in row-major order, entry (r, c) of a tile at (r % 32) * 16 + (r / 32) * 4 + c.
+// The offset splits into a row part and a column part.
+RTCNORM_QFN long long blocked_scale_row(long long row, long long padded_cols) {
+  return (row / 128) * (padded_cols / 4) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4;
+}
+template <typename I>
+RTCNORM_QFN I blocked_scale_col(I col) {
+  return (col / 4) * 512 + (col % 4);
+}
 RTCNORM_QFN long long blocked_scale_offset(long long row, long long col, long long padded_cols) {
-  const long long tile = (row / 128) * (padded_cols / 4) + col / 4;
-  return tile * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + (col % 4);
+  return blocked_scale_row(row, padded_cols) + blocked_scale_col(col);
 }
 
 }  // namespace quant

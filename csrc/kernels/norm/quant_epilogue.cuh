@@ -43,13 +43,53 @@ __device__ __forceinline__ unsigned fp8x2(float lo, float hi) {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
 }
+
+// Four FP8 codes in one word (a in the low byte), as fp8x2 gives them; the
+// halves join inside the asm so no byte is split out and reassembled.
+template <bool E5M2>
+__device__ __forceinline__ unsigned fp8x4(float a, float b, float c, float d) {
+  unsigned r;
+  if constexpr (E5M2)
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+        " cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n mov.b32 %0, {lo, hi};\n}"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  else
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        " cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n mov.b32 %0, {lo, hi};\n}"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  return r;
+}
+
+// The E4M3 code of v >= 0 (+inf and past 448: 0x7E), as quant::e4m3_code
+// gives it.
+__device__ __forceinline__ unsigned e4m3_of(float v) { return fp8x2<false>(v, 0.f) & 0xffu; }
+
+// The value of E4M3 code c (not NaN), exact through half.
+__device__ __forceinline__ float e4m3_decode(unsigned c) {
+  unsigned two;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(two) : "h"(static_cast<unsigned short>(c)));
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(two)));
+  return f;
+}
 #endif
 
 template <bool E5M2, int VEC>
 __device__ __forceinline__ Pack<unsigned char, VEC> fp8_pack(const float (&f)[VEC], float mult) {
   Pack<unsigned char, VEC> q;
 #if __CUDA_ARCH__ >= 890
-  if constexpr (VEC % 2 == 0) {
+  if constexpr (VEC % 4 == 0) {  // whole 32-bit words of codes
+    union {
+      unsigned w[VEC / 4];
+      Pack<unsigned char, VEC> pack;
+    } u;
+#pragma unroll
+    for (int j = 0; j < VEC; j += 4)
+      u.w[j / 4] = fp8x4<E5M2>(f[j] * mult, f[j + 1] * mult, f[j + 2] * mult, f[j + 3] * mult);
+    return u.pack;
+  } else if constexpr (VEC % 2 == 0) {
 #pragma unroll
     for (int j = 0; j < VEC; j += 2) {
       const unsigned two = fp8x2<E5M2>(f[j] * mult, f[j + 1] * mult);
@@ -94,10 +134,22 @@ struct QuantEpilogue {
     return amax > 0.f ? kMax / amax : 1.f;
   }
 
-  __device__ __forceinline__ void scale_store(const NormFwdParams& p, long long row, int blk, unsigned code) {
-    const long long at =
-        (FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_offset(row, blk, p.scale_cols) : row * p.scale_cols + blk;
-    static_cast<unsigned char*>(p.scales)[at] = static_cast<unsigned char>(code);
+  // The row's part of its scales' offsets: computed outside the writers'
+  // branch, it is shared by every vector of the row.
+  __device__ __forceinline__ static long long scale_row(const NormFwdParams& p, long long row) {
+    return (FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_row(row, p.scale_cols) : row * p.scale_cols;
+  }
+
+  // A predicated store: its address stays in the path every lane runs, so
+  // the row's part is computed once, not in each vector's branch.
+  __device__ __forceinline__ static void scale_store(const NormFwdParams& p, long long srow, int blk, unsigned code,
+                                                     bool writer) {
+    // blk < 2^20: its part fits an int.
+    unsigned char* at = static_cast<unsigned char*>(p.scales) + srow +
+                        ((FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_col(blk) : blk);
+    asm volatile("{\n .reg .pred w;\n setp.ne.u32 w, %2, 0;\n @w st.global.u8 [%0], %1;\n}" ::"l"(at),
+                 "h"(static_cast<unsigned short>(code)), "r"(static_cast<unsigned>(writer))
+                 : "memory");
   }
 
   // Vector v of row `row` (ok: it exists), its outputs in f. row_value: the
@@ -124,23 +176,36 @@ struct QuantEpilogue {
         for (int m = kLanes / 2; m > 0; m >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, m));
       }
       const int blk = v * VEC / kBlock;
+      const long long srow = scale_row(p, row);
       const bool scale_writer = ok && (kRowAmax ? v == 0 : lane % kLanes == 0);
       if constexpr (kRecipe == quant::kMxfp8) {
         const unsigned code = quant::e8m0_of_amax(a);
-        if (scale_writer) scale_store(p, row, blk, code);
+        scale_store(p, srow, blk, code, scale_writer);
         if (ok)
           store<unsigned char, VEC, CS>(y, row * N + 1LL * v * VEC, fp8_pack<false, VEC>(f, quant::e8m0_inverse(code)));
       } else {
+        // a >= 0 is never NaN (fmaxf drops NaN), so neither is the code.
+#if __CUDA_ARCH__ >= 890
+        const unsigned code = e4m3_of(quant::nvfp4_scale_input(a, qscale));
+        const float enc = quant::nvfp4_encode_of(e4m3_decode(code), qscale);
+#else
         const unsigned code = quant::nvfp4_scale_code(a, qscale);
-        if (scale_writer) scale_store(p, row, blk, code);
         const float enc = quant::nvfp4_encode(code, qscale);
+#endif
+        scale_store(p, srow, blk, code, scale_writer);
         constexpr long long kRowBytes = (N + 1) / 2;
         if constexpr (VEC % 2 == 0) {
+          constexpr int kWord = VEC < 8 ? VEC : 8;  // codes packed per 32-bit word
           Pack<unsigned char, VEC / 2> q;
 #pragma unroll
-          for (int j = 0; j < VEC; j += 2)
-            q.e[j / 2] =
-                static_cast<unsigned char>(quant::e2m1_code(f[j] * enc) | quant::e2m1_code(f[j + 1] * enc) << 4);
+          for (int j0 = 0; j0 < VEC; j0 += kWord) {
+            float part[kWord];
+#pragma unroll
+            for (int j = 0; j < kWord; ++j) part[j] = f[j0 + j];
+            const unsigned word = quant::e2m1_codes<kWord>(part, enc);
+#pragma unroll
+            for (int b = 0; b < kWord / 2; ++b) q.e[j0 / 2 + b] = static_cast<unsigned char>(word >> (8 * b));
+          }
           if (ok) store<unsigned char, VEC / 2, CS>(y, row * kRowBytes + v * (VEC / 2), q);
         } else {
           // One element a lane: even lanes join their odd neighbour's code
