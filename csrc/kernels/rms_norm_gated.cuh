@@ -60,6 +60,17 @@ __device__ __forceinline__ float gated_h(float x, float z, float& post) {
   }
 }
 
+// gamma of the VEC elements from column `col` as floats; 1 without a weight.
+template <typename W, int VEC, unsigned FLAGS>
+__device__ __forceinline__ void gated_weight(const void* weight, long long col, float (&w)[VEC]) {
+  if constexpr ((FLAGS & kGatedWeight) != 0) {
+    to_floats<W, VEC>(load_cached<W, VEC>(static_cast<const W*>(weight), col), w);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) w[j] = 1.f;
+  }
+}
+
 template <int N, int G, int RT>
 struct GatedLayout {
   static constexpr int kS = N / G;      // segments of a row
@@ -114,12 +125,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
       const int v = i * kTpr + lane;
       if (!row_ok || !(kEven || v < kSv)) continue;
       float w[VEC];
-      if constexpr ((FLAGS & kGatedWeight) != 0) {
-        to_floats<W, VEC>(load_cached<W, VEC>(static_cast<const W*>(p.weight), col0 + 1LL * v * VEC), w);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) w[j] = 1.f;
-      }
+      gated_weight<W, VEC, FLAGS>(p.weight, col0 + 1LL * v * VEC, w);
       float out[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -207,12 +213,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_bwd(const GatedBwdPar
       const int v = i * kTpr + lane;
       if (!row_ok || !(kEven || v < kSv)) continue;
       float w[VEC];
-      if constexpr (kW) {
-        to_floats<W, VEC>(load_cached<W, VEC>(static_cast<const W*>(p.weight), col0 + 1LL * v * VEC), w);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) w[j] = 1.f;
-      }
+      gated_weight<W, VEC, FLAGS>(p.weight, col0 + 1LL * v * VEC, w);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float df = elem_float(dv[i], j);
@@ -227,12 +228,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_bwd(const GatedBwdPar
       const int v = i * kTpr + lane;
       if (!row_ok || !(kEven || v < kSv)) continue;
       float w[VEC];
-      if constexpr (kW) {
-        to_floats<W, VEC>(load_cached<W, VEC>(static_cast<const W*>(p.weight), col0 + 1LL * v * VEC), w);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) w[j] = 1.f;
-      }
+      gated_weight<W, VEC, FLAGS>(p.weight, col0 + 1LL * v * VEC, w);
       float gx[VEC], gz[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
