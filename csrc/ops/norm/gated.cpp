@@ -60,20 +60,6 @@ void check_gated_tensors(const char* op, const at::Tensor& input, const at::Tens
   }
 }
 
-double default_eps(const at::Tensor& input, std::optional<double> eps) {
-  if (eps.has_value()) return *eps;
-  switch (input.scalar_type()) {
-    case at::kHalf:
-      return 0.0009765625;  // 2^-10, as rms_norm
-    case at::kBFloat16:
-      return 0.0078125;  // 2^-7
-    case at::kDouble:
-      return std::numeric_limits<double>::epsilon();
-    default:
-      return std::numeric_limits<float>::epsilon();
-  }
-}
-
 std::optional<c10::SymInt> sym(std::optional<int64_t> g) {
   if (!g.has_value()) return std::nullopt;
   return c10::SymInt(*g);
@@ -86,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_gated(const at::Tensor& input, const
                                                   c10::string_view activation) {
   check_gated_forward(input, gate, weight, eps, sym(group_size), activation, kCuda);
   const GatedArgs a = gated_args(input, group_size, activation);
-  const double e = default_eps(input, eps);
+  const double e = rms_norm_eps(input, eps);  // F.rms_norm's default, as rms_norm
   const GatedFwdOut o = kCuda ? gated_forward_cuda(input, gate, weight, e, norm_before_gate, a)
                               : gated_forward_ref(input, gate, weight, e, norm_before_gate, a);
   return {o.y, o.rstd};
