@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .patch_verify import TOLERANCE, _closeness, _eps_value, _mismatch, _own_params, grads_mismatch
+from .patch_verify import TOLERANCE, _closeness, _eps_value, _own_params, outputs_mismatch
 
 # Where a module keeps its group size: columns a group ("group_size"), groups
 # a row ("n_groups"), or nowhere (one group a row).
@@ -110,24 +110,12 @@ def compare(module: nn.Module, form: GatedForm, dtype: torch.dtype, *, grads: bo
             return f"group size {group} does not divide {n}"
     except (TypeError, ValueError, ZeroDivisionError) as e:
         return f"{form.group_attr} is not a usable group count: {e}"
-    try:
-        with torch.enable_grad():
-            ref = functional_call(module, params, (x, z))
-    except Exception as e:  # any failure of the original means: do not touch it
-        return f"the original forward failed on a {tuple(x.shape)} {dtype} input: {type(e).__name__}: {e}"
-    if not isinstance(ref, torch.Tensor):
-        return f"the original forward returns {type(ref).__name__}, not a tensor"
-    try:
-        with torch.enable_grad():
-            out = run_gated(form, x, z, params["weight"], eps, group)
-    except Exception as e:
-        return f"rtcnorm's rms_norm_gated failed on a {tuple(x.shape)} {dtype} input: {type(e).__name__}: {e}"
-    if out.dtype != ref.dtype:
-        return f"output dtype {ref.dtype} for {dtype} input, rtcnorm gives {out.dtype}"
-    why = _mismatch(f"output as {form.label}", out, ref, dtype)
-    if why or not grads:
-        return why
-    return grads_mismatch(out, ref, dy, ["input", "gate", "weight"], [x, z, params["weight"]], dtype)
+    wrt = (dy, ["input", "gate", "weight"], [x, z, params["weight"]]) if grads else None
+    return outputs_mismatch(
+        lambda: functional_call(module, params, (x, z)),
+        lambda: run_gated(form, x, z, params["weight"], eps, group),
+        "rms_norm_gated", form.label, x, dtype, wrt,
+    )  # fmt: skip
 
 
 def identify_gated(module: nn.Module, eps_attr: str) -> tuple[GatedForm | None, str]:

@@ -124,24 +124,35 @@ def compare(module: nn.Module, form: Form, dtype: torch.dtype, *, grads: bool, s
     eps = getattr(module, form.eps_attr)
     gen = torch.Generator().manual_seed(seed)
     x, params, dy = _inputs(shape, _own_params(module), dtype, device, eps, gen)
+    return outputs_mismatch(
+        lambda: functional_call(module, params, (x,)),
+        lambda: run_form(form, x, params.get("weight"), params.get("bias"), shape, eps),
+        form.kind, form.label, x, dtype, (dy, ["input", *params], [x, *params.values()]) if grads else None,
+    )  # fmt: skip
+
+
+def outputs_mismatch(original, ours, what: str, label: str, x, dtype, grads) -> str | None:
+    """Why ``ours()`` does not reproduce ``original()`` (the module's forward on
+    ``x``) in ``dtype``, or None. ``what`` names rtcnorm's op, ``label`` the form;
+    ``grads``, when given, is (dy, names, tensors) whose gradients must match too."""
     try:
         with torch.enable_grad():
-            ref = functional_call(module, params, (x,))
+            ref = original()
     except Exception as e:  # any failure of the original means: do not touch it
         return f"the original forward failed on a {tuple(x.shape)} {dtype} input: {type(e).__name__}: {e}"
     if not isinstance(ref, torch.Tensor):
         return f"the original forward returns {type(ref).__name__}, not a tensor"
     try:
         with torch.enable_grad():
-            out = run_form(form, x, params.get("weight"), params.get("bias"), shape, eps)
+            out = ours()
     except Exception as e:  # e.g. no NVRTC on a GPU machine: report, do not swap
-        return f"rtcnorm's {form.kind} failed on a {tuple(x.shape)} {dtype} input: {type(e).__name__}: {e}"
+        return f"rtcnorm's {what} failed on a {tuple(x.shape)} {dtype} input: {type(e).__name__}: {e}"
     if out.dtype != ref.dtype:
         return f"output dtype {ref.dtype} for {dtype} input, rtcnorm gives {out.dtype}"
-    why = _mismatch(f"output as {form.label}", out, ref, dtype)
-    if why or not grads:
+    why = _mismatch(f"output as {label}", out, ref, dtype)
+    if why or grads is None:
         return why
-    return grads_mismatch(out, ref, dy, ["input", *params], [x, *params.values()], dtype)
+    return grads_mismatch(out, ref, *grads, dtype)
 
 
 def grads_mismatch(out, ref, dy, names, wrt, dtype) -> str | None:
