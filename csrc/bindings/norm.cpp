@@ -64,9 +64,11 @@ void put_launch(py::dict& d, const jit::KernelKey& k, int64_t row_blocks) {
   d["column_slices"] = column_slices(k.flags);
 }
 
+// rows_layout: 0 rows of two strides, 1 of one stride, 2 contiguous rows
+// (from an aligned base, as a fresh tensor's).
 NormProblem problem_of(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
                        const std::string& wdtype, bool has_weight, bool has_bias, bool zero_centered, bool residual,
-                       bool single_stride) {
+                       int rows_layout) {
   NormProblem p;
   p.kind = op == "layer_norm" ? kLayerNorm : kRmsNorm;
   p.dtype = jit::dtype_from_name(dtype);
@@ -78,7 +80,8 @@ NormProblem problem_of(const std::string& op, int64_t rows, int64_t hidden, cons
   p.has_bias = has_bias;
   p.zero_centered = zero_centered;
   p.residual = residual;
-  p.single_stride = single_stride;
+  p.single_stride = rows_layout >= 1;
+  p.flat = rows_layout == 2;
   return p;
 }
 
@@ -98,14 +101,14 @@ unsigned quant_flags(const std::string& recipe, std::optional<at::ScalarType> ou
 py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
                       const std::string& wdtype, std::optional<std::string> mode, bool has_weight, bool has_bias,
                       bool zero_centered, bool residual, int device, int sm_count, int arch, bool resources,
-                      bool single_stride, const std::optional<std::string>& quant_recipe,
+                      int rows_layout, const std::optional<std::string>& quant_recipe,
                       std::optional<at::ScalarType> quant_dtype, const std::string& scale_layout) {
   if (rows < 0 || hidden < 1 || hidden > kMaxNormHidden || sm_count < 1)
     throw py::value_error("rtcnorm.explain: needs rows >= 0, a row of 1 to 2^24 elements and sm_count >= 1, got rows " +
                           std::to_string(rows) + ", row " + std::to_string(hidden) + ", sm_count " +
                           std::to_string(sm_count));
   const NormProblem pb =
-      problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual, single_stride);
+      problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual, rows_layout);
   NormProblem p = pb;  // the forward's, with its output epilogue
   if (quant_recipe.has_value()) p.quant = quant_flags(*quant_recipe, quant_dtype, scale_layout, pb.dtype);
   std::optional<c10::string_view> mv;
@@ -268,7 +271,8 @@ void bind_norm(py::module_& m, py::object (*ptxas)(const jit::KernelKey&)) {
           c.design = o.design;
           c.knobs = o.knobs;
           const NormProblem p =
-              problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual, single_stride);
+              problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual,
+                         single_stride ? 2 : 0);
           const bool stored = store_tuned(fwd, p, static_cast<unsigned>(extra), jit::device_info(device), c, persist);
           clear_norm_plan_memo();
           return stored;

@@ -9,6 +9,7 @@
 
 #include "norm/bwd_entry.cuh"
 #include "norm/bwd_split_row.cuh"
+#include "norm/flat_row.cuh"
 #include "norm/fwd_rows.cuh"
 #include "norm/fwd_sliced_row.cuh"
 
@@ -38,6 +39,18 @@ __global__ void __launch_bounds__(TPR, MINB) rms_norm_bwd_coef(const NormBwdPara
 template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
 __global__ void __launch_bounds__(TPR, MINB) rms_norm_bwd_cols(const NormBwdParams p) {
   norm_bwd_cols<kRmsNorm, T, W, N, VEC, TPR, NV, FLAGS>(p);
+}
+
+// flat_row: rows of any width staged through shared memory in 16-byte pieces
+// of the flat tensor (norm/flat_row.cuh).
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_fwd_flat(const NormFwdParams p) {
+  norm_fwd_flat<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
+}
+
+template <typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS, int MINB>
+__global__ void __launch_bounds__(TPR* ROWS, MINB) rms_norm_bwd_flat(const NormBwdParams p) {
+  norm_bwd_flat<kRmsNorm, T, W, N, VEC, TPR, ROWS, NV, FLAGS>(p);
 }
 
 }  // namespace rtcnorm

@@ -77,6 +77,12 @@ bool row_map_of(const at::Tensor& t, int64_t lead, RowMap* m) { return row_map_o
 // Whether a map's `rows` rows are one stride (NormProblem::single_stride).
 bool one_stride(const RowMap& m, int64_t rows) { return m.inner_rows >= rows; }
 
+// Rows r at r * hidden from a 16-byte aligned base (NormProblem::flat).
+bool flat_rows(const void* base, const RowMap& m, int64_t rows, int64_t hidden) {
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && one_stride(m, rows) && (rows == 1 || m.inner_stride == hidden);
+}
+bool flat_rows(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
 }  // namespace
 
 bool rows_single_stride(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t lead) {
@@ -182,6 +188,8 @@ NormFwdOutputs norm_forward_cuda(NormKind kind, const char* op, const at::Tensor
   p.zero_centered = zero_centered && w.defined();
   p.residual = residual.has_value();
   p.single_stride = one_stride(xmap, d.rows) && (!r.defined() || one_stride(rmap, d.rows));
+  p.flat = flat_rows(x.data_ptr(), xmap, d.rows, d.hidden) &&
+           (!r.defined() || flat_rows(r.data_ptr(), rmap, d.rows, d.hidden));
   p.quant = quant != nullptr ? quant->flags : 0u;
   const int esize = jit::element_size(p.dtype);
   const int wsize = jit::element_size(p.wdtype);
@@ -277,6 +285,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   p.has_bias = bias.has_value();
   p.zero_centered = zero_centered && w.defined();
   p.single_stride = one_stride(xmap, d.rows);
+  p.flat = flat_rows(x.data_ptr(), xmap, d.rows, d.hidden) && flat_rows(dy) && (!dh.defined() || flat_rows(dh));
   const int esize = jit::element_size(p.dtype);
   int v = 16 / esize;
   v = vec_for_ptr(x.data_ptr(), esize, v);

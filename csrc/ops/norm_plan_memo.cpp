@@ -32,13 +32,13 @@ struct PlanQueryHash {
 };
 
 PlanQuery query_of(const NormProblem& p, unsigned extra, int device) {
-  // 1 + 4 + 4 + 5 + 5 + 4 = 23 bits of problem, then the caller's bits.
+  // 1 + 4 + 4 + 5 + 6 + 4 = 24 bits of problem, then the caller's bits.
   uint32_t bits = static_cast<uint32_t>(p.kind);
   bits = bits << 4 | static_cast<uint32_t>(p.dtype);
   bits = bits << 4 | static_cast<uint32_t>(p.wdtype);
   bits = bits << 5 | static_cast<uint32_t>(p.max_vec);
-  bits = bits << 5 | (p.has_weight ? 1u : 0u) | (p.has_bias ? 2u : 0u) | (p.zero_centered ? 4u : 0u) |
-         (p.residual ? 8u : 0u) | (p.single_stride ? 16u : 0u);
+  bits = bits << 6 | (p.has_weight ? 1u : 0u) | (p.has_bias ? 2u : 0u) | (p.zero_centered ? 4u : 0u) |
+         (p.residual ? 8u : 0u) | (p.single_stride ? 16u : 0u) | (p.flat ? 32u : 0u);
   bits = bits << 4 | p.recipe() | ((p.quant & kBlockedScales) != 0 ? 8u : 0u);
   return PlanQuery{p.rows, p.hidden, bits << 4 | extra, device};
 }

@@ -60,11 +60,13 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
               p.residual = res;
               p.rows = rows;
               p.single_stride = one_stride;
+              p.flat = one_stride;
               for (NormMode m : modes) keys.push_back(plan_norm_fwd(p, m, 132, arch).key);
             }
         if (quant != 0) continue;
         p.residual = false;
         p.single_stride = true;
+        p.flat = true;
         // Besides the full grid's backward, that of one row (one CTA writing
         // the gradients directly: kDirectGrads), of few rows (column CTAs
         // beside the row CTAs, or a row sliced over a cluster), and of two row
@@ -81,11 +83,13 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
                   if (!one_stride && rows != (int64_t(1) << 16) && rows != 1) continue;
                   p.rows = rows;
                   p.single_stride = one_stride;
+                  p.flat = one_stride;
                   const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, 132, arch);
                   keys.push_back(b.key);
                   if (b.split) keys.push_back(b.coef_key);
                 }
               p.single_stride = true;
+              p.flat = true;
             }
       }
     }

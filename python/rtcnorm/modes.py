@@ -155,7 +155,7 @@ def explain(
         int(sm_count),
         arch_number,
         bool(resources),
-        strides is None or _C.rows_single_stride(shape, strides, len(shape) - nd),
+        _rows_layout(_C, shape, strides, nd),
         quant,
         quant_dtype,
         scale_layout,
@@ -188,6 +188,19 @@ def _sizes(name: str, values, allow_negative: bool = False) -> list[int]:
     if not allow_negative and any(v < 0 for v in out):
         raise ValueError(f"rtcnorm.explain: {name} must not hold a negative entry, got {out}")
     return out
+
+
+def _rows_layout(_C, shape, strides, nd: int) -> int:
+    """2: contiguous rows (as a fresh tensor's), 1: rows of one stride, 0: of two."""
+    if strides is None:
+        return 2
+    lead = len(shape) - nd
+    inner = math.prod(shape[lead:])
+    dense = all(strides[d] == math.prod(shape[d + 1 :]) for d in range(lead, len(shape)) if shape[d] > 1)
+    if dense and (lead == 0 or math.prod(shape[:lead]) == 1 or strides[lead - 1] == inner):
+        if _C.rows_single_stride(shape, strides, lead):
+            return 2
+    return int(_C.rows_single_stride(shape, strides, lead))
 
 
 def _check_call(_C, op, shape, dtype, normalized_shape, mode, weight_dtype, affine, bias, residual, on_cpu):

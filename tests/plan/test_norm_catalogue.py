@@ -17,6 +17,7 @@ FWD_DESIGNS = {
     "smem_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
     "sliced_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "slices", "ring_stages", "grid_exchange"],
     "reload_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "persistent"],
+    "flat_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
 }
 BWD_DESIGNS = {
     "register_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
@@ -24,6 +25,7 @@ BWD_DESIGNS = {
     "sliced_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm", "slices", "ring_stages", "grid_exchange"],
     "split_row": ["vecs_per_thread"],
     "column_grads": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
+    "flat_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
 }
 
 
@@ -44,6 +46,8 @@ PICKS = [
     ("rms_norm", (13, 130728), "reload_row", "split_row"),
     ("rms_norm", (512, 131072), "sliced_row", "sliced_row"),
     ("rms_norm", (32, 4096), "register_row", "column_grads"),
+    ("rms_norm", (38177, 1973), "flat_row", "flat_row"),
+    ("layer_norm", (38177, 1973), "flat_row", "flat_row"),
 ]
 
 
@@ -107,7 +111,7 @@ def test_a_cached_mode_on_a_row_no_cached_design_holds_streams_it_twice():
     "direction,design", [(d, x) for d, t in (("fwd", FWD_DESIGNS), ("bwd", BWD_DESIGNS)) for x in t]
 )
 def test_forcing_a_design_runs_it_where_it_is_feasible(direction, design):
-    shapes = {"column_grads": (32, 4096), "sliced_row": (64, 65536), "smem_row": (64, 65536)}
+    shapes = {"column_grads": (32, 4096), "sliced_row": (64, 65536), "smem_row": (64, 65536), "flat_row": (4096, 1973)}
     shape = shapes.get(design, (4096, 8192))
     with _tuning.norm_override(direction, design):
         p = plan(shape=shape)
@@ -199,3 +203,34 @@ def test_one_wave_grids_give_a_thread_few_elements(op, shape, direction, most):
     many = plan(op, (65536, shape[1]))
     many = many if direction == "fwd" else many["backward"]
     assert many["vecs_per_thread"] * many["vec"] >= p["vecs_per_thread"] * p["vec"]
+
+
+# (op, shape, dtype): 16-bit rows of odd width (2-byte accesses), many rows.
+NARROW = [
+    ("rms_norm", (38177, 1973), torch.bfloat16),
+    ("rms_norm", (1946, 2705), torch.bfloat16),
+    ("layer_norm", (38177, 1973), torch.bfloat16),
+    ("rms_norm", (4096, 9999), torch.float16),
+    ("rms_norm", (8192, 1001), torch.float16),
+]
+
+
+@pytest.mark.parametrize("op,shape,dtype", NARROW, ids=[f"{o}-{s[0]}x{s[1]}-{str(d)[6:]}" for o, s, d in NARROW])
+def test_narrow_widths_read_flat_pieces_only_where_rows_are_contiguous(op, shape, dtype):
+    p = plan(op, shape, dtype)
+    assert p["design"] == "flat_row"
+    flat = [c for c in p["candidates"] if c["design"] == "flat_row"]
+    other = [c for c in p["candidates"] if c["design"] != "flat_row"]
+    # 16-byte pieces; the others' 2-byte loads priced below copy.
+    assert flat and all(o["efficiency"] < flat[0]["efficiency"] for o in other)
+    m, n = shape
+    strided = plan(op, shape, dtype, strides=(n + 1, 1))
+    assert strided["design"] != "flat_row" and strided["backward"]["design"] != "flat_row"
+    assert all(c["design"] != "flat_row" for c in strided["candidates"])
+
+
+@pytest.mark.parametrize("shape", [(16384, 4096), (65536, 896), (40447, 2094), (216106, 2294)])
+def test_widths_of_4_byte_vectors_or_wider_never_stage_flat(shape):
+    with _tuning.norm_override("fwd", "flat_row"), _tuning.norm_override("bwd", "flat_row"):
+        p = plan("rms_norm", shape)
+    assert p["design"] != "flat_row" and p["backward"]["design"] != "flat_row"

@@ -131,6 +131,14 @@ constexpr RTCNORM_HOST_DEVICE bool early_direct_grads(unsigned flags, int tpr, i
          (flags & (kClusterBits | kCluster16)) == 0 && bwd_bundles(tpr, rows) == 1;
 }
 
+// flat_row (norm/flat_row.cuh): elements of one staging buffer, a row block
+// of `rows` rows of n elements of esize bytes plus the parts of 16-byte
+// pieces before and after it, in whole pieces. The planner sizes shared
+// memory with it.
+constexpr RTCNORM_HOST_DEVICE int flat_buffer_elems(int rows, int n, int esize) {
+  return (rows * n + 3 * (16 / esize) - 1) / (16 / esize) * (16 / esize);
+}
+
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1 };
 
 struct NormFwdParams {

@@ -30,11 +30,17 @@ RTCNORM_NORM_FAMILY(kRmsNormBwdCoef, "rms_norm_bwd_coef", "rms_norm.cuh")
 RTCNORM_NORM_FAMILY(kRmsNormBwdCols, "rms_norm_bwd_cols", "rms_norm.cuh")
 RTCNORM_NORM_FAMILY(kLayerNormBwdCoef, "layer_norm_bwd_coef", "layer_norm.cuh")
 RTCNORM_NORM_FAMILY(kLayerNormBwdCols, "layer_norm_bwd_cols", "layer_norm.cuh")
+RTCNORM_NORM_FAMILY(kRmsNormFwdFlat, "rms_norm_fwd_flat", "rms_norm.cuh")
+RTCNORM_NORM_FAMILY(kRmsNormBwdFlat, "rms_norm_bwd_flat", "rms_norm.cuh")
+RTCNORM_NORM_FAMILY(kLayerNormFwdFlat, "layer_norm_fwd_flat", "layer_norm.cuh")
+RTCNORM_NORM_FAMILY(kLayerNormBwdFlat, "layer_norm_bwd_flat", "layer_norm.cuh")
 #undef RTCNORM_NORM_FAMILY
 const jit::KernelFamily kColumnReduce{"column_reduce", "column_reduce.cuh", column_reduce_expression};
 
 const jit::KernelFamily* fwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormFwd : &kLayerNormFwd; }
 const jit::KernelFamily* bwd_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwd : &kLayerNormBwd; }
+const jit::KernelFamily* fwd_flat_family(NormKind k) { return k == kRmsNorm ? &kRmsNormFwdFlat : &kLayerNormFwdFlat; }
+const jit::KernelFamily* bwd_flat_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwdFlat : &kLayerNormBwdFlat; }
 const jit::KernelFamily* split_coef_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwdCoef : &kLayerNormBwdCoef; }
 const jit::KernelFamily* split_cols_family(NormKind k) { return k == kRmsNorm ? &kRmsNormBwdCols : &kLayerNormBwdCols; }
 

@@ -10,9 +10,12 @@ namespace rtcnorm {
 
 extern const jit::KernelFamily kRmsNormFwd, kRmsNormBwd, kLayerNormFwd, kLayerNormBwd, kColumnReduce;
 extern const jit::KernelFamily kRmsNormBwdCoef, kRmsNormBwdCols, kLayerNormBwdCoef, kLayerNormBwdCols;
+extern const jit::KernelFamily kRmsNormFwdFlat, kRmsNormBwdFlat, kLayerNormFwdFlat, kLayerNormBwdFlat;
 
 const jit::KernelFamily* fwd_family(NormKind k);
 const jit::KernelFamily* bwd_family(NormKind k);
+const jit::KernelFamily* fwd_flat_family(NormKind k);
+const jit::KernelFamily* bwd_flat_family(NormKind k);
 const jit::KernelFamily* split_coef_family(NormKind k);
 const jit::KernelFamily* split_cols_family(NormKind k);
 

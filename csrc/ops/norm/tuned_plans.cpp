@@ -17,8 +17,8 @@ std::string key_text(bool forward, const NormProblem& p, unsigned extra, const j
      << " arch " << dev.arch << "\n"
      << (forward ? "fwd" : "bwd") << " kind " << int(p.kind) << " dtype " << int(p.dtype) << " wdtype " << int(p.wdtype)
      << " rows " << p.rows << " hidden " << p.hidden << " vec " << p.vec() << " features " << int(p.has_weight)
-     << int(p.has_bias) << int(p.zero_centered) << int(p.residual) << int(p.single_stride) << " extra " << extra
-     << "\n";
+     << int(p.has_bias) << int(p.zero_centered) << int(p.residual) << int(p.single_stride) << int(p.flat) << " extra "
+     << extra << "\n";
   return os.str();
 }
 

@@ -139,6 +139,38 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
   }
 }
 
+// Row blocks staged through shared memory in 16-byte pieces of the flat
+// tensor, for widths no 16-byte vector divides: persistent CTAs, a ring of
+// two stages, a thread keeping its elements' terms (kKeepTerms) and dW / dB sums.
+void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
+  if (!flat_worth(p)) return;
+  const int vec = p.vec();
+  for (int elems : {4, 8, 16}) {
+    for (int cta : kCtaChoices) {
+      const Layout l = layout_of(p, p.hidden, std::max(1, elems / vec), cta);
+      if (l.nv * vec > elems || (l.tpr > cta && cta != kCtaChoices[0]) || (l.tpr > 512 && p.kind == kLayerNorm))
+        continue;
+      const int bundles = bwd_bundles(l.tpr, l.rows);
+      const int64_t combine = w.accums() > 0 && bundles > 1 ? int64_t{bundles} * p.hidden * 4 : 0;
+      const int64_t stage = (w.dh ? 3 : 2) * flat_buffer_elems(l.rows, static_cast<int>(p.hidden), p.esize());
+      const int need = bwd_row_regs(p, w, l.nv * vec, true);
+      const bool direct = l.row_blocks == 1 && w.accums() > 0;
+      const int64_t smem = std::max(combine, kFlatStages * stage * p.esize());
+      if (smem > gpu.smem_per_cta()) continue;
+      const int blocks =
+          fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), need), smem, gpu.smem_per_cta());
+      if (regs_at(l.threads, blocks) < need) continue;  // would spill
+      const unsigned flags = grad_flags(p, w) | (p.hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
+      Candidate c = candidate(p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, l.nv, blocks, flags, gpu.arch);
+      if (std::any_of(out.begin(), out.end(), [&](const Candidate& o) { return o.key == c.key; })) continue;
+      c.regs = need;
+      c.smem = static_cast<size_t>(smem);
+      c.knobs.persistent = true;
+      out.push_back(c);
+    }
+  }
+}
+
 }  // namespace
 
 jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
@@ -157,6 +189,7 @@ void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std
   if (every || out.empty() || p.rows < gpu.sm_count) sliced_candidates(p, w, gpu, out);
   column_candidates(p, w, gpu, out);
   split_candidates(p, w, gpu, out);
+  flat_candidates(p, w, gpu, out);
 }
 
 }  // namespace rtcnorm

@@ -22,6 +22,10 @@ constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds
 constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
 constexpr double kSplitEfficiency = 0.6;  // the split column kernel walks rows down columns
 constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
+// Rows read in 2-byte accesses (16-bit elements, N odd) reach this much of
+// copy, plus the rest in proportion to an access's bytes: the forward's one
+// stream, the backward's two (x and dy) with their loads a thread.
+constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
 constexpr int64_t kSmemPerSm = 228 * 1024;
 
 double dram_bytes_per_us(const Gpu& gpu) {
@@ -39,6 +43,8 @@ struct Shape {
   double tail_us = 0;            // work after the last row block (column CTAs' sums)
   double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
   bool walks_rows = false;       // a CTA loads row after row even in one wave
+  bool smem_pass = false;        // the rows pass through shared memory
+  bool loads_ahead = false;      // the next row block's loads fly while a CTA works on this one
   int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
 };
 
@@ -73,9 +79,12 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const double thread_bytes = cta_bytes / std::max(1, threads);
   const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
   const double duty = thread_bytes / (thread_bytes + kBarrierBytes * warps);
-  // In one wave every CTA requests its rows at launch: the duty thins nothing.
+  // In one wave every CTA requests its rows at launch: the duty thins
+  // nothing. A CTA whose next row block's loads fly while it works requests
+  // for two.
   const bool one_shot = rounds <= 1 && !s.walks_rows;
-  const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, std::max(1.0, ctas_per_sm));
+  const double requesters = std::max(1.0, ctas_per_sm) * (s.loads_ahead ? 2.0 : 1.0);
+  const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, requesters);
   const double balance = blocks / (rounds * busy);
   const double loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
   c.efficiency = overlap * balance * s.design_efficiency * loop;
@@ -87,10 +96,24 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const double exchange = slices > 1 && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
   const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + s.serial_us + s.tail_us;
-  const double pass = (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
+  const double pass = s.smem_pass || (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
   const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);  // overlaps the chain in part
   c.bytes = s.bytes;
   c.us = std::max(stream, chain) + kPartialOverlap * std::min(stream, chain) + kLaunchUs * (s.launches - 1);
+}
+
+// The rows' access width: flat_row reads 16-byte pieces whatever N is (and
+// passes them through shared memory, a barrier before its stores, with the
+// next row block's copies in flight); every other design reads vectors that
+// divide N, priced below copy where they are 2-byte loads.
+void price_access(const NormProblem& p, bool flat, double narrow, Shape& s) {
+  if (flat) {
+    s.smem_pass = true;
+    s.loads_ahead = true;
+    s.after_reduction += kBarrierUs;
+  } else if (p.vec() * p.esize() < 4) {
+    s.design_efficiency *= narrow + (1.0 - narrow) * p.vec() * p.esize() / 16.0;
+  }
 }
 
 }  // namespace
@@ -111,6 +134,7 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   const bool gamma_ready = (c.key.flags & (kPreloadAffine | kKeepGamma)) != 0;
   if (p.affine_tensors() > 0 && !gamma_ready) s.after_reduction = kL2TripUs;
   s.serial_us = serial_us(p, c, kFwdElementUs);
+  price_access(p, d == FwdDesign::kFlatRow, kNarrowFwd, s);
   finish(s, gpu, c);
 }
 
@@ -136,6 +160,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     const double rows_per_tile = std::ceil(m / tiles);
     s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
     s.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
+    price_access(p, false, kNarrowBwd, s);
     finish(s, gpu, c);
     return;
   }
@@ -152,6 +177,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
   s.row_block_bytes = rows * row * (streams - 1.0);
   s.serial_us = serial_us(p, c, kBwdElementUs);
+  price_access(p, d == BwdDesign::kFlatRow, kNarrowBwd, s);
   finish(s, gpu, c);
   // Each persistent unit (a CTA, or a row's slices) writes an fp32 partial
   // row per gradient, which the column reduce reads back.

@@ -28,12 +28,12 @@ struct Entry {
 constexpr Entry kFwdDesigns[kFwdDesignCount] = {{"register_row", kRowKnobs | bit(Knob::kPersistent)},
                                                 {"smem_row", kRowKnobs},
                                                 {"sliced_row", kSliceKnobs},
-                                                {"reload_row", kRowKnobs | bit(Knob::kPersistent)}};
-constexpr Entry kBwdDesigns[kBwdDesignCount] = {{"register_row", kRowKnobs},
-                                                {"staged_row", kRowKnobs | bit(Knob::kRingStages)},
-                                                {"sliced_row", kSliceKnobs},
-                                                {"split_row", bit(Knob::kVecsPerThread)},
-                                                {"column_grads", kRowKnobs}};
+                                                {"reload_row", kRowKnobs | bit(Knob::kPersistent)},
+                                                {"flat_row", kRowKnobs}};
+constexpr Entry kBwdDesigns[kBwdDesignCount] = {
+    {"register_row", kRowKnobs}, {"staged_row", kRowKnobs | bit(Knob::kRingStages)},
+    {"sliced_row", kSliceKnobs}, {"split_row", bit(Knob::kVecsPerThread)},
+    {"column_grads", kRowKnobs}, {"flat_row", kRowKnobs}};
 const Entry& entry(bool forward, int design) { return forward ? kFwdDesigns[design] : kBwdDesigns[design]; }
 
 }  // namespace

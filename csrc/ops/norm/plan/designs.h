@@ -19,6 +19,7 @@ enum class FwdDesign : uint8_t {
   kSmemRow,      // the CTA's rows held in shared memory: x read once, rows too long for registers
   kSlicedRow,    // a row split over the CTAs of a cluster (or a cooperative group), each slice in registers
   kReloadRow,    // x read twice (statistics, then normalize): any width, any mode
+  kFlatRow,      // a row block staged through shared memory in 16-byte pieces of the flat tensor: any width
 };
 // Backward designs; every one writes a (parts x N) fp32 partial dW / dB
 // buffer reduced in a fixed order, except where one CTA owns every row.
@@ -29,8 +30,9 @@ enum class BwdDesign : uint8_t {
   kSplitRow,     // a per-row coefficient kernel, then a column kernel over row tiles: any width
                  // (its vecs_per_thread: rows in flight a thread of the column kernel)
   kColumnGrads,  // few row blocks: row CTAs write dx, column CTAs beside them dW / dB over every row
+  kFlatRow,      // as the forward's flat_row, with register dW / dB sums as kRegisterRow
 };
-constexpr int kFwdDesignCount = 4, kBwdDesignCount = 5;
+constexpr int kFwdDesignCount = 5, kBwdDesignCount = 6;
 // The designs of a direction (forward: FwdDesign, backward: BwdDesign) by index.
 int design_count(bool forward);
 const char* design_name(bool forward, int design);
@@ -113,6 +115,12 @@ struct Layout {
 };
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
 constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
+// flat_row: its ring's stages. More stages measured no faster; fewer CTAs an
+// SM then fit its shared memory (docs/designs.md).
+constexpr int kFlatStages = 2;
+// flat_row is feasible where a row's access would be under 4 bytes (16-bit
+// elements, N odd): a warp's 2-byte loads move 64 bytes a request.
+inline bool flat_worth(const NormProblem& p) { return p.flat && p.vec() * p.esize() < 4; }
 // A candidate of `design` on layout `l`: row knobs and kernel key (`blocks`: launch bounds).
 Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* family, const Layout& l, int nv,
                     int blocks, unsigned flags, int arch);

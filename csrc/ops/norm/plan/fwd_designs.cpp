@@ -160,6 +160,37 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
   }
 }
 
+// Row blocks staged through shared memory in 16-byte pieces of the flat
+// tensor, for widths no 16-byte vector divides: persistent CTAs, a ring of
+// two stages, a thread holding at most 32 elements of a row (and their
+// gamma / beta).
+void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
+  if (!flat_worth(p) || p.quant != 0 || !mode_allows(mode, true, true)) return;
+  for (int elems : {2, 4, 8, 16, 32}) {
+    for (int cta : kCtaChoices) {
+      const Layout l = layout_of(p, p.hidden, std::max(1, elems / p.vec()), cta);
+      if (l.nv * l.vec > elems || (l.tpr > cta && cta != kCtaChoices[0])) continue;
+      const int64_t stage = (p.residual ? 2 : 1) * flat_buffer_elems(l.rows, static_cast<int>(p.hidden), p.esize());
+      // An element's value (a register each, 16-bit ones too), gamma / beta,
+      // LayerNorm's centred value, the residual's operand and sum, and about 40 more.
+      const int regs =
+          40 + l.nv * l.vec * (1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0));
+      const int64_t smem = kFlatStages * stage * p.esize();
+      if (smem > gpu.smem_per_cta()) continue;
+      const int blocks =
+          fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
+      if (regs_at(l.threads, blocks) < regs) continue;  // would spill
+      const unsigned flags = fwd_flags(p) | (memory_flags(p) & kStreamStore);
+      Candidate c = candidate(p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, l.nv, blocks, flags, gpu.arch);
+      if (std::any_of(out.begin(), out.end(), [&](const Candidate& o) { return o.key == c.key; })) continue;
+      c.regs = regs;
+      c.smem = static_cast<size_t>(smem);
+      c.knobs.persistent = true;
+      out.push_back(c);
+    }
+  }
+}
+
 }  // namespace
 
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
@@ -171,6 +202,7 @@ void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::ve
   if (!p.residual && p.quant == 0 && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))
     sliced_rows(p, mode, gpu, out);
   reload_rows(p, mode, gpu, out);
+  flat_rows(p, mode, gpu, out);
   out.erase(std::remove_if(out.begin(), out.end(), [&](const Candidate& c) { return !carries_epilogue(p, c); }),
             out.end());
 }

@@ -35,6 +35,9 @@ struct NormProblem {
   // Every row map the kernel reads (x; in the forward also the residual)
   // has one group: row r starts at r * stride (RowMap::inner_rows >= rows).
   bool single_stride = true;
+  // Every row tensor is contiguous rows (row r at r * N) from a 16-byte
+  // aligned base: one flat array, which flat_row reads in 16-byte pieces.
+  bool flat = false;
   // Forward only: the output epilogue, kQuantBits | kBlockedScales of the
   // kernel's flag word (0: y in the input dtype); quant::Recipe codes.
   unsigned quant = 0;
