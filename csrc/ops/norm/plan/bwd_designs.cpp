@@ -1,5 +1,4 @@
-// The backward designs: feasibility, knob candidates, resources and kernel
-// keys (the kernel template's flag word, kernels/common/params.cuh).
+// The backward designs' candidates (flag words: kernels/common/params.cuh).
 #include <algorithm>
 
 #include "ops/norm/kernel_families.h"
@@ -18,19 +17,15 @@ unsigned grad_flags(const NormProblem& p, const BwdWants& w) {
   return base_flags(p) | (w.dh ? kGradDh : 0u) | (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
 }
 
-// Registers a thread holding `elems` elements of x and dy (and dh) needs:
-// the raw values (or, with kKeepTerms, three floats each), an fp32
-// accumulator a gradient, LayerNorm's centred values, a float of working
-// values each, and about 40 more.
+// Registers a thread holding `elems` elements of x and dy (and dh) needs
+// (kKeepTerms: three floats an element); a register holds at most 4 bytes.
 int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_terms) {
-  // A register holds at most 4 bytes of a row, and a lone 16-bit element (N odd) one.
   const int raw = elems / p.vec() * static_cast<int>(ceil_div(p.vec() * p.esize(), 4)) * (w.dh ? 3 : 2);
   const int centred = p.kind == kLayerNorm ? elems : 0;
   return 40 + elems * (1 + w.accums()) + centred + (keep_terms ? 3 * elems : raw);
 }
 
-// Persistent CTAs holding rows of `p.hidden / slices` elements in registers,
-// or staging them through a 2-3 stage cp.async ring.
+// Persistent CTAs holding rows (of `slices`) in registers or a 2-3 stage ring.
 void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   const int vec = p.vec();
   const int64_t hidden = p.hidden / slices;
@@ -74,8 +69,7 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
   }
 }
 
-// Rows split over a cluster's CTAs or a cooperative group; staged slices
-// may collect the row's sums one row block late (deferred).
+// Rows split over a cluster or a cooperative group; staged slices may defer.
 void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (gpu.arch < 90) return;
   for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
@@ -93,12 +87,10 @@ void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
   }
 }
 
-// Few row blocks: row CTAs write dx only, and CTAs after them each own
-// `col_vecs` vectors of columns and sum dW / dB over every row. Row and
-// column CTAs together fit one wave at the candidate's residency.
+// Few row blocks: dx-only row CTAs, then column CTAs summing dW / dB over
+// every row; together they fit one wave.
 void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (w.accums() == 0 || p.rows < 2) return;
-  // The row CTAs hold no dW / dB accumulators: the layouts of a dx-only backward.
   std::vector<Candidate> rows;
   row_candidates(p, BwdWants{false, false, w.dh}, gpu, 1, rows);
   const unsigned grads = (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
@@ -122,8 +114,7 @@ void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
   }
 }
 
-// The split design's column kernel: a CTA of one row of threads, each
-// walking `rows_in_flight` rows at once down its columns.
+// The split design's column kernel: one row of threads walking down columns.
 void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   Layout l;
   l.tpr = l.threads = static_cast<int>(std::min<int64_t>(kSplitColThreads, pow2_ceil(p.nvec())));
@@ -153,7 +144,7 @@ jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
 
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   row_candidates(p, w, gpu, 1, out);
-  // Slices only for rows one CTA cannot hold or fewer rows than SMs, unless `every`.
+  // Unless `every`: slices only where one CTA cannot hold a row or rows are few.
   if (every || out.empty() || p.rows < gpu.sm_count) sliced_candidates(p, w, gpu, out);
   column_candidates(p, w, gpu, out);
   split_candidates(p, w, gpu, out);

@@ -1,5 +1,4 @@
-// The norm design catalogue (designs.h): each design's name and declared
-// knobs, and the layout pieces the forward and backward designs share.
+// The catalogue's names and declared knobs, and the pieces designs share.
 #include "ops/norm/plan/designs.h"
 
 #include <algorithm>
@@ -7,7 +6,7 @@
 namespace rtcnorm {
 namespace {
 
-// Knobs in Knob order: the name and the field.
+// In Knob order.
 const struct {
   const char* name;
   int Knobs::*field;
@@ -16,8 +15,7 @@ const struct {
                         {"ring_stages", &Knobs::ring_stages},         {"persistent", &Knobs::persistent},
                         {"grid_exchange", &Knobs::grid_exchange}};
 
-// The catalogue, in FwdDesign / BwdDesign order: each design's name and
-// declared knobs (bit k: Knob k).
+// In FwdDesign / BwdDesign order.
 constexpr unsigned bit(Knob k) { return 1u << static_cast<int>(k); }
 constexpr unsigned kRowKnobs = bit(Knob::kVecsPerThread) | bit(Knob::kCtaThreads) | bit(Knob::kBlocksPerSm);
 constexpr unsigned kSliceKnobs = kRowKnobs | bit(Knob::kSlices) | bit(Knob::kGridExchange) | bit(Knob::kRingStages);
@@ -105,7 +103,6 @@ int threads_per_row(int64_t nvec, int nv) {
   const int64_t want = ceil_div(nvec, std::max(1, nv));
   if (want <= 32) return static_cast<int>(pow2_ceil(want));
   if (want >= 1024) return 1024;
-  // Any multiple of 32 with nv / 2 .. nv vectors a thread: the fewest idle lanes.
   int best = 0;
   int64_t best_idle = -1;
   for (int v = std::max(1, nv); v >= std::max(1, nv / 2); --v) {
@@ -116,9 +113,8 @@ int threads_per_row(int64_t nvec, int nv) {
   return best;
 }
 
-// The register file is four partitions of 16384; a CTA's warps spread over
-// them round-robin and a warp takes registers in steps of 8 a thread, at
-// most 255 (sm_80 - sm_100).
+// Four register partitions of 16384 take warps round-robin, 8 registers a
+// step, at most 255 (sm_80 - sm_100).
 int regs_at(int threads, int blocks) {
   const int warps = ((threads + 31) / 32) * std::max(1, blocks);
   const int per_partition = (warps + 3) / 4;

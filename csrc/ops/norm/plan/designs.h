@@ -1,7 +1,5 @@
-// The norm design catalogue: each design is one kernel structure, with the
-// knobs it declares, when it is feasible, the resources it takes and how it
-// lowers to a kernel key. The planner (planner.h) enumerates candidates of
-// every feasible design, the cost model ranks them.
+// The norm design catalogue (docs/designs.md): each design is one kernel
+// structure with its knobs, feasibility, resources and kernel key.
 #pragma once
 
 #include <algorithm>
@@ -20,18 +18,15 @@ enum class FwdDesign : uint8_t {
   kSlicedRow,    // a row split over the CTAs of a cluster (or a cooperative group), each slice in registers
   kReloadRow,    // x read twice (statistics, then normalize): any width, any mode
 };
-// Backward designs; every one writes a (parts x N) fp32 partial dW / dB
-// buffer reduced in a fixed order, except where one CTA owns every row.
+// Backward designs; dW / dB are reduced in a fixed order (deterministic).
 enum class BwdDesign : uint8_t {
   kRegisterRow,  // persistent CTAs, x and dy of a row held in registers
   kStagedRow,    // as kRegisterRow, x and dy staged through a cp.async ring in shared memory
   kSlicedRow,    // a row split over a cluster's CTAs (or a cooperative group), each slice staged or in registers
-  kSplitRow,     // a per-row coefficient kernel, then a column kernel over row tiles: any width
-                 // (its vecs_per_thread: rows in flight a thread of the column kernel)
+  kSplitRow,     // a per-row coefficient kernel, then a column kernel (vecs_per_thread: rows in flight)
   kColumnGrads,  // few row blocks: row CTAs write dx, column CTAs beside them dW / dB over every row
 };
 constexpr int kFwdDesignCount = 4, kBwdDesignCount = 5;
-// The designs of a direction (forward: FwdDesign, backward: BwdDesign) by index.
 int design_count(bool forward);
 const char* design_name(bool forward, int design);
 
@@ -60,8 +55,7 @@ struct Knobs {
   void set(Knob k, int v);
 };
 
-// A measured choice (rtcnorm.tune): the design and every knob of the
-// candidate that timed fastest for one exact problem on one GPU model.
+// A measured choice (rtcnorm.tune) for one exact problem on one GPU model.
 struct TunedChoice {
   int design = -1;  // FwdDesign / BwdDesign as int
   Knobs knobs;
@@ -85,28 +79,22 @@ struct Candidate {
   double us = 0;          // the model's estimate
 };
 
-// The candidates of a problem, in catalogue order. A design another one
-// dominates on the problem (shared-memory rows where registers hold the row,
-// sliced rows where one CTA holds it and rows fill the GPU) is left out
-// unless `every` (a forced design: every feasible candidate).
+// The candidates of a problem, in catalogue order; designs another one
+// dominates are left out unless `every` (a forced design).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every);
-// The cost model (cost_model.cpp) fills a candidate's cost terms and `us`.
 void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c);
 void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c);
-// The split backward's per-row coefficient kernel for a problem.
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
-// The knobs each design declares, bit k: Knob k (overrides of any other
-// knob are refused); `design` must be below design_count(forward).
+// The knobs a design declares, bit k: Knob k (overrides of others are refused).
 unsigned declared_knobs(bool forward, int design);
 
-// Shared by the designs (designs.cpp). A kernel of `family` for the problem:
-// types, width, widest vector and arch; the design adds layout and flags.
+// Shared by the designs (designs.cpp): a kernel key of the problem's types,
+// width and vector; the flags every kernel of a problem reads; rows of
+// `hidden` elements (a slice's) over about `cta_threads` threads at about
+// `nv_target` vectors a thread.
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch);
-// Flags of the parameters and row maps every kernel of a problem reads.
 unsigned base_flags(const NormProblem& p);
-// Rows of `hidden` elements (a row's slice when sliced) over a CTA of about
-// `cta_threads` threads at about `nv_target` vectors a thread.
 struct Layout {
   int vec = 1, tpr = 1, rows = 1, nv = 1, threads = 1;
   int64_t row_blocks = 0;
@@ -116,22 +104,18 @@ constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA si
 // A candidate of `design` on layout `l`: row knobs and kernel key (`blocks`: launch bounds).
 Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* family, const Layout& l, int nv,
                     int blocks, unsigned flags, int arch);
-// A row split over the `s` CTAs of a thread-block cluster (distributed
-// shared memory); grid_exchange(): over `s` consecutive CTAs of a persistent
-// cooperative launch meeting in global memory (any SM).
+// A row split over the `s` CTAs of a cluster; grid_exchange(): over CTAs of
+// a persistent cooperative launch meeting in global memory.
 void slice(Candidate& c, int s);
 Candidate grid_exchange(Candidate c);
 
-// Threads per row for `nvec` vectors at about `nv` vectors a thread: a power
-// of two up to a warp (butterfly reductions), else a multiple of 32 (at most
-// 1024) that idles the fewest lanes.
+// Threads per row at about `nv` vectors a thread: a power of two up to a
+// warp, else the multiple of 32 (at most 1024) idling the fewest lanes.
 int threads_per_row(int64_t nvec, int nv);
-// Registers a thread may use when `blocks` CTAs of `threads` share an SM, as
-// ptxas caps them for those launch bounds; and the most CTAs (at most
-// `blocks`) that leave `need` registers.
+// Registers a thread may use at launch bounds (threads, blocks), as ptxas
+// caps them; the most CTAs (at most `blocks`) leaving `need` registers.
 int regs_at(int threads, int blocks);
 int blocks_leaving(int threads, int blocks, int need);
-// CTAs an SM (at most `blocks`, at least 1) that `smem` bytes each leave room for.
 inline int fit_smem(int blocks, int64_t smem, int64_t limit) {
   return smem > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, limit / smem))) : blocks;
 }

@@ -1,5 +1,4 @@
-// The forward designs: feasibility, knob candidates, resources and kernel
-// keys (the kernel template's flag word, kernels/common/params.cuh).
+// The forward designs' candidates (flag words: kernels/common/params.cuh).
 #include <algorithm>
 
 #include "kernels/common/quant_math.cuh"
@@ -19,9 +18,8 @@ constexpr int kDeferredStages = 3;            // a deferred-statistics ring
 unsigned fwd_flags(const NormProblem& p) {
   return base_flags(p) | (p.has_bias ? kHasBias : 0u) | (p.residual ? kResidual : 0u) | p.quant;
 }
-// A quantized output (norm/quant_epilogue.cuh) needs its row in one CTA
-// (no slices), and a block scale's vectors on adjacent lanes of one row
-// group, unless the row is a single block.
+// A quantized output needs the row in one CTA, and a block scale's vectors
+// on adjacent lanes of a row, unless the row is a single block.
 bool carries_epilogue(const NormProblem& p, const Candidate& c) {
   if (p.quant == 0) return true;
   if (c.knobs.slices > 1 || c.key.cluster > 1) return false;
@@ -29,10 +27,7 @@ bool carries_epilogue(const NormProblem& p, const Candidate& c) {
   return block == 0 || p.hidden <= block || c.key.threads_per_row >= block / c.key.vec;
 }
 
-// Registers a thread of a register row needs (`raw`: the row as stored):
-// the residual's operand, gamma / beta packs loaded beside x, LayerNorm's
-// centred values (a slice's merged moments), scalar rows' predicates and
-// addresses, a quantized output's codes, amax and scale, and about 24 more.
+// Registers a thread of a register row needs (`raw`: the row as stored).
 int fwd_row_regs(const NormProblem& p, int raw, bool preload, bool sliced) {
   const int affine = preload ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0;
   const int layer = p.kind == kLayerNorm ? (sliced ? 2 * raw : raw) : 0;
@@ -47,8 +42,6 @@ unsigned memory_flags(const NormProblem& p) {
   return (bytes >= kL1AllocMinInputBytes ? kL1Allocate : 0u) | (bytes >= (int64_t(64) << 20) ? kStreamStore : 0u);
 }
 
-// gamma / beta: loaded into registers beside x where a thread holds at most
-// two vectors, else prefetched into L1 beside the row where CTAs are few.
 unsigned affine_flags(const NormProblem& p, int nv, int64_t row_blocks, const Gpu& gpu) {
   if (p.affine_tensors() == 0) return 0u;
   if (nv <= 2) return kPreloadAffine;
@@ -66,8 +59,7 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
     if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) break;
     for (int cta : kCtaChoices) {
       const Layout l = layout_of(p, p.hidden / slices, nv_target, cta);
-      // A register holds at most 4 bytes of the row, and a lone 16-bit
-      // element (N odd) takes one to itself.
+      // A register holds at most 4 bytes of the row; a lone 16-bit element one.
       const int raw = l.nv * static_cast<int>(ceil_div(l.vec * p.esize(), 4));
       if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) continue;
       if (l.tpr > cta && cta != kCtaChoices[0]) continue;  // one shape of a CTA wider than asked
@@ -91,9 +83,8 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
   }
 }
 
-// Register rows split over 2-16 CTAs; a persistent grid's slices may also
-// meet in global memory, and there stage through a ring in shared memory and
-// collect the statistics one row block late (deferred).
+// Register rows split over 2-16 CTAs; persistent slices may meet in global
+// memory, and there may defer the statistics one row block through a ring.
 void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (gpu.arch < 90) return;
   for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
@@ -104,11 +95,9 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
       Candidate& c = out[i];
       slice(c, s);
       c.key.flags &= ~(kL1Allocate | kTwoPassStats);
-      // The exchange through global memory needs whole warps a slice's row.
       if (!c.knobs.persistent || c.key.threads_per_row % 32 != 0) continue;
       const Candidate g = grid_exchange(c);
       out.push_back(g);
-      // Deferred statistics: 16-byte vectors, no residual.
       const int64_t stage = int64_t(g.key.rows_per_cta) * (p.hidden / s) * p.esize();
       if (p.residual || g.key.vec * p.esize() != 16 || kDeferredStages * stage > gpu.smem_per_cta()) continue;
       Candidate d = g;
@@ -123,8 +112,7 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
   }
 }
 
-// A row streamed through registers in chunks of `nv` vectors a thread (held
-// in `smem` bytes of shared memory, or read twice).
+// A row streamed in chunks of `nv` vectors a thread (held in `smem`, or read twice).
 Candidate chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const Layout& l, int nv, unsigned flags,
                       int64_t smem) {
   const int regs = 32 + nv * l.vec * p.esize() / 2;
@@ -164,8 +152,8 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
 
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   register_rows(p, mode, gpu, 1, out);
-  // Unless `every` (a forced design): shared-memory rows only where registers
-  // cannot hold the row or beside a residual; slices also for fewer rows than SMs.
+  // Unless `every`: shared-memory rows where registers cannot hold the row or
+  // beside a residual; slices also for fewer rows than SMs.
   const bool held = !out.empty();
   if (every || !held || p.residual) smem_rows(p, mode, gpu, out);
   if (!p.residual && p.quant == 0 && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))

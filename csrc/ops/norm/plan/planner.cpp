@@ -3,12 +3,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 
-#include "ops/norm/plan/designs.h"
-
 namespace rtcnorm {
-
 namespace {
 
 NormOverride& override_slot(bool forward) {
@@ -23,8 +21,7 @@ bool matches(const Candidate& c, int design, const Knobs& knobs, unsigned set) {
   return true;
 }
 
-// Keeps the candidates an override allows, else the tuned choice; none allowed leaves all (the
-// forced design cannot run this problem, which plans as usual).
+// Keeps the candidates an override (else the tuned choice) allows; none leaves all.
 void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& cands, PlanTrace& trace) {
   const NormOverride& o = override_slot(forward);
   const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < design_count(forward);
@@ -40,8 +37,8 @@ void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& ca
   cands.swap(kept);
 }
 
-// Restricts, prices and ranks the candidates and takes the cheapest into
-// `plan` (ties keep the catalogue's order); explaining, traces the cheapest few.
+// Restricts, prices and ranks the candidates (ties keep the catalogue's
+// order) and takes the cheapest into `plan`.
 template <class Cost>
 const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std::vector<Candidate>& cands,
                       NormPlan& plan, Cost cost) {
@@ -60,6 +57,32 @@ const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std:
   plan.smem = best.smem;
   plan.cost_us = best.us;
   return best;
+}
+
+// explain(): the trace as text, built only on request.
+std::string trace_text(const PlanTrace& t, bool forward) {
+  std::ostringstream os;
+  os.precision(3);
+  if (t.ranked.empty()) return "";
+  for (size_t i = 0; i < t.ranked.size(); ++i) {
+    const Candidate& c = t.ranked[i];
+    os << (i == 0 ? "" : i == 1 ? "; then: " : "; ") << design_name(forward, c.design) << " (";
+    const char* sep = "";
+    for (int k = 0; k < kKnobCount; ++k) {
+      if ((declared_knobs(forward, c.design) >> k & 1u) == 0) continue;
+      os << sep << knob_name(static_cast<Knob>(k)) << "=" << c.knobs.get(static_cast<Knob>(k));
+      sep = " ";
+    }
+    os << ") " << c.us << " us";
+    if (i == 0)
+      os << ", " << c.bytes / 1e6 << " MB moved at " << int(c.efficiency * 100 + 0.5) << "% of DRAM bandwidth, "
+         << c.in_flight / 1024 << " KB in flight an SM, " << c.regs << " registers a thread";
+  }
+  os << "; " << (forward ? "forward:" : "backward:") << " ranked " << t.considered
+     << " feasible candidates by the cost model";
+  if (t.forced) os << " (restricted by an override)";
+  if (t.tuned) os << " (the measured choice of rtcnorm.tune)";
+  return os.str();
 }
 
 }  // namespace
@@ -113,5 +136,8 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
   return plan;
 }
+
+std::string explain_fwd(const NormFwdPlan& plan) { return trace_text(plan.trace, true); }
+std::string explain_bwd(const NormBwdPlan& plan) { return trace_text(plan.trace, false); }
 
 }  // namespace rtcnorm

@@ -1,6 +1,5 @@
-// The norm planner: enumerate the catalogue's feasible candidates for a
-// problem, rank them with the cost model, pick the cheapest, and return the
-// launch plan (with the ranked trace when explaining). Needs no GPU.
+// The norm planner: ranks the catalogue's feasible candidates with the cost
+// model and returns the cheapest as a launch plan. Needs no GPU.
 #pragma once
 
 #include <cstdint>
@@ -44,24 +43,21 @@ struct NormBwdPlan : NormPlan {
   bool split = false;
   jit::KernelKey coef_key;    // the split design's per-row coefficient kernel
   bool programmatic = false;  // kernels after the first launch programmatically (sm_90+)
-  // The persistent grid's units (CTAs, or a row's slices) at most: the
-  // cost model's grid, so that the partial rows it priced are those written.
+  // Persistent units (CTAs or a row's slices) at most: the cost model's grid,
+  // so that the partial rows it priced are those written.
   int64_t max_units = std::numeric_limits<int64_t>::max();
   int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;
 };
 
-// `tuned`: a measured choice for this exact problem, taken where it is
-// feasible and no override is set (else the cost model decides).
+// `tuned`: a measured choice, taken where feasible and no override is set.
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false,
                           const TunedChoice* tuned = nullptr);
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain = false, const TunedChoice* tuned = nullptr);
 
-// Overrides, process-wide (for tuning and tests): force a design of the
-// catalogue, and set knobs that design declares. Problems the forced design
-// cannot run plan as usual. Throws (naming what is valid) on an unknown
-// design, a knob the design does not declare, or a value out of range.
+// Overrides, process-wide (tuning and tests): a design and knobs it declares.
+// Problems the forced design cannot run plan as usual.
 struct NormOverride {
   int design = -1;  // FwdDesign / BwdDesign as int; -1: none
   Knobs knobs;
@@ -70,7 +66,7 @@ struct NormOverride {
 };
 void set_norm_override(bool forward, const NormOverride& o);
 const NormOverride& norm_override(bool forward);
-// Parses a design name (FwdDesign or BwdDesign); -1 when unknown.
+// A design's index by name; -1 when unknown.
 int design_from_name(bool forward, const std::string& name);
 
 // explain(): the plan's trace as text (only on request, never on launches).
