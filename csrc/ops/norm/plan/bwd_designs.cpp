@@ -56,13 +56,12 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
           const unsigned flags = grad_flags(p, w) | kCachedRow | (keep_terms ? kKeepTerms : 0u) |
                                  (staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift : kPrefetchNext) |
                                  (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
-          Candidate c = candidate(p, int(d), bwd_family(p.kind), l, l.nv, b, flags, gpu.arch);
-          c.regs = bwd_row_regs(p, w, l.nv * vec, keep_terms);
+          Candidate& c = add_candidate(out, p, int(d), bwd_family(p.kind), l, l.nv, b,
+                                       bwd_row_regs(p, w, l.nv * vec, keep_terms), flags, gpu.arch);
           c.knobs.ring_stages = stages;
           c.knobs.slices = slices;
           c.knobs.persistent = true;
           c.smem = smem;
-          out.push_back(c);
         }
       }
     }
@@ -122,11 +121,8 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
   for (int rows_in_flight : {4, 8, 16}) {
     const int regs = 40 + rows_in_flight * p.vec() * p.esize() * (w.dh ? 3 : 2) / 4 + p.vec() * w.accums();
     if (regs > regs_at(l.threads, 2)) continue;  // would spill
-    const unsigned flags = grad_flags(p, w) | kStreamStore;
-    Candidate c =
-        candidate(p, int(BwdDesign::kSplitRow), split_cols_family(p.kind), l, rows_in_flight, 2, flags, gpu.arch);
-    c.regs = regs;
-    out.push_back(c);
+    add_candidate(out, p, int(BwdDesign::kSplitRow), split_cols_family(p.kind), l, rows_in_flight, 2, regs,
+                  grad_flags(p, w) | kStreamStore, gpu.arch);
   }
 }
 
@@ -141,7 +137,6 @@ jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
   c.variant = 1;
   return c;
 }
-
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   row_candidates(p, w, gpu, 1, out);
   // Unless `every`: slices only where one CTA cannot hold a row or rows are few.

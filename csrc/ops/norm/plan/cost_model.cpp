@@ -27,29 +27,21 @@ double dram_bytes_per_us(const Gpu& gpu) {
   const double per_sm = gpu.arch >= 100 ? 60e3 : gpu.arch >= 90 ? 27e3 : 19e3;
   return per_sm * gpu.sm_count;
 }
-
 struct Shape {
   double bytes = 0;              // DRAM traffic of the call
   double row_block_bytes = 0;    // bytes one row block has requested at once
   int launches = 1;              // kernels in the call
   double reductions = 1;         // row reductions a row block waits on (LayerNorm's two passes: 2)
   double after_reduction = 0;    // latency on a row block's path after its reduction
-  double serial_us = 0;          // a thread's work on the elements it holds, per row block
+  double element_us = 0;         // a thread's work an element it holds, per row block
   double tail_us = 0;            // work after the last row block (column CTAs' sums)
   double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
   bool walks_rows = false;       // a CTA loads row after row even in one wave
   int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
 };
 
-// A thread's serial work on one row block: every chunk of its slice, idle slots included.
-double serial_us(const NormProblem& p, const Candidate& c, double per_element_us) {
-  const int64_t chunk = int64_t{c.key.threads_per_row} * std::max(1, c.knobs.vecs_per_thread);
-  const int64_t chunks = ceil_div(ceil_div(p.nvec(), std::max(1, c.knobs.slices)), chunk);
-  return double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * per_element_us;
-}
-
 // Spreads the row blocks over the resident slots and prices the result.
-void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
+void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) {
   const int slices = std::max(1, c.knobs.slices);
   const int threads = c.key.threads();
   // CTAs an SM holds by registers, shared memory and 2048 threads; launch bounds are a floor.
@@ -81,7 +73,11 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
   const double exchange = slices > 1 && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
-  const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + s.serial_us + s.tail_us;
+  // A thread's serial work: every chunk of its slice, idle slots included.
+  const int64_t chunk = int64_t{c.key.threads_per_row} * std::max(1, c.knobs.vecs_per_thread);
+  const int64_t chunks = ceil_div(ceil_div(p.nvec(), slices), chunk);
+  const double serial = double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * s.element_us;
+  const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + serial + s.tail_us;
   const double pass = (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
   const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);  // overlaps the chain in part
   c.bytes = s.bytes;
@@ -105,10 +101,9 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   const bool gamma_ready = (c.key.flags & (kPreloadAffine | kKeepGamma)) != 0;
   if (p.affine_tensors() > 0 && !gamma_ready) s.after_reduction = kL2TripUs;
-  s.serial_us = serial_us(p, c, kFwdElementUs);
-  finish(s, gpu, c);
+  s.element_us = kFwdElementUs;
+  finish(p, s, gpu, c);
 }
-
 void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c) {
   const double m = double(p.rows), row = double(p.row_bytes()), n = double(p.hidden);
   const auto d = static_cast<BwdDesign>(c.design);
@@ -130,7 +125,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     const double rows_per_tile = std::ceil(m / tiles);
     s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
     s.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
-    finish(s, gpu, c);
+    finish(p, s, gpu, c);
     return;
   }
   const bool direct = (c.key.flags & (kDirectGrads | kColumnGrads)) != 0;
@@ -144,8 +139,8 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   }
   const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
   s.row_block_bytes = rows * row * (streams - 1.0);
-  s.serial_us = serial_us(p, c, kBwdElementUs);
-  finish(s, gpu, c);
+  s.element_us = kBwdElementUs;
+  finish(p, s, gpu, c);
   // Each persistent unit writes an fp32 partial row a gradient, read back.
   if (!direct && w.accums() > 0) {
     const double units = double(c.grid) / c.knobs.slices;

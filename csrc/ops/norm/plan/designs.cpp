@@ -53,12 +53,10 @@ jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, i
   k.vec = static_cast<int16_t>(p.vec());
   return k;
 }
-
 unsigned base_flags(const NormProblem& p) {
   return (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
          (p.single_stride ? kSingleStride : 0u);
 }
-
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads) {
   Layout l;
   l.vec = p.vec();
@@ -70,11 +68,11 @@ Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_th
   l.row_blocks = ceil_div(p.rows, l.rows);
   return l;
 }
-
-Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* family, const Layout& l, int nv,
-                    int blocks, unsigned flags, int arch) {
-  Candidate c;
+Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+                         const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch) {
+  Candidate& c = out.emplace_back();
   c.design = design;
+  c.regs = regs;
   c.knobs.vecs_per_thread = nv;
   c.knobs.cta_threads = l.threads;
   c.knobs.blocks_per_sm = blocks;
@@ -87,7 +85,6 @@ Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* f
   c.key.variant = static_cast<int16_t>(blocks);
   return c;
 }
-
 void slice(Candidate& c, int s) {
   c.key.cluster = static_cast<int16_t>(s);
   c.key.flags |= s == 16 ? kCluster16 : log2_of_pow2(s) << kClusterShift;
@@ -98,7 +95,6 @@ Candidate grid_exchange(Candidate c) {
   c.key.cluster = 1;
   return c;
 }
-
 int threads_per_row(int64_t nvec, int nv) {
   const int64_t want = ceil_div(nvec, std::max(1, nv));
   if (want <= 32) return static_cast<int>(pow2_ceil(want));
@@ -120,7 +116,6 @@ int regs_at(int threads, int blocks) {
   const int per_partition = (warps + 3) / 4;
   return std::min(255, 16384 / (per_partition * 32) / 8 * 8);
 }
-
 int blocks_leaving(int threads, int blocks, int need) {
   while (blocks > 1 && regs_at(threads, blocks) < need) --blocks;
   return std::max(1, blocks);

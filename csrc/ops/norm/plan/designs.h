@@ -29,7 +29,6 @@ enum class BwdDesign : uint8_t {
 constexpr int kFwdDesignCount = 4, kBwdDesignCount = 5;
 int design_count(bool forward);
 const char* design_name(bool forward, int design);
-
 // The knobs a design may declare. 0 / false is "not set" for overrides.
 enum class Knob : uint8_t {
   kVecsPerThread,  // vectors a thread holds of a row (or a slice, or a chunk)
@@ -42,26 +41,18 @@ enum class Knob : uint8_t {
 };
 constexpr int kKnobCount = 7;
 const char* knob_name(Knob k);
-
 struct Knobs {
-  int vecs_per_thread = 0;
-  int cta_threads = 0;
-  int blocks_per_sm = 0;
-  int slices = 1;
-  int ring_stages = 0;
-  int persistent = 0;     // 0 / 1
-  int grid_exchange = 0;  // 0 / 1
+  int vecs_per_thread = 0, cta_threads = 0, blocks_per_sm = 0, slices = 1, ring_stages = 0;
+  int persistent = 0, grid_exchange = 0;  // 0 / 1
   int get(Knob k) const;
   void set(Knob k, int v);
 };
-
 // A measured choice (rtcnorm.tune) for one exact problem on one GPU model.
 struct TunedChoice {
   int design = -1;  // FwdDesign / BwdDesign as int
   Knobs knobs;
 };
-
-// One (design, knobs) candidate with what the cost model needs and returns.
+// One (design, knobs) candidate, its resources and the cost model's terms.
 struct Candidate {
   int design = 0;  // FwdDesign or BwdDesign, as int
   Knobs knobs;
@@ -72,13 +63,11 @@ struct Candidate {
   int regs = 0;            // estimated registers a thread needs
   int col_vecs = 0;        // kColumnGrads: vectors of columns a column CTA owns
   int64_t col_ctas = 0;    // kColumnGrads: column CTAs after the row CTAs
-  // Cost model terms (cost_model.cpp).
-  double bytes = 0;       // DRAM bytes moved, partial rows and re-reads included
-  double in_flight = 0;   // bytes a resident SM has requested at once
-  double efficiency = 0;  // fraction of copy bandwidth the model expects
-  double us = 0;          // the model's estimate
+  double bytes = 0;        // DRAM bytes moved, partial rows and re-reads included
+  double in_flight = 0;    // bytes a resident SM has requested at once
+  double efficiency = 0;   // fraction of copy bandwidth the model expects
+  double us = 0;           // the model's estimate
 };
-
 // The candidates of a problem, in catalogue order; designs another one
 // dominates are left out unless `every` (a forced design).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
@@ -88,7 +77,6 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs a design declares, bit k: Knob k (overrides of others are refused).
 unsigned declared_knobs(bool forward, int design);
-
 // Shared by the designs (designs.cpp): a kernel key of the problem's types,
 // width and vector; the flags every kernel of a problem reads; rows of
 // `hidden` elements (a slice's) over about `cta_threads` threads at about
@@ -101,14 +89,13 @@ struct Layout {
 };
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
 constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
-// A candidate of `design` on layout `l`: row knobs and kernel key (`blocks`: launch bounds).
-Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* family, const Layout& l, int nv,
-                    int blocks, unsigned flags, int arch);
+// Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
+Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+                         const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
 // A row split over the `s` CTAs of a cluster; grid_exchange(): over CTAs of
 // a persistent cooperative launch meeting in global memory.
 void slice(Candidate& c, int s);
 Candidate grid_exchange(Candidate c);
-
 // Threads per row at about `nv` vectors a thread: a power of two up to a
 // warp, else the multiple of 32 (at most 1024) idling the fewest lanes.
 int threads_per_row(int64_t nvec, int nv);

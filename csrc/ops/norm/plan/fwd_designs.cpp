@@ -27,33 +27,20 @@ bool carries_epilogue(const NormProblem& p, const Candidate& c) {
   return block == 0 || p.hidden <= block || c.key.threads_per_row >= block / c.key.vec;
 }
 
-// Registers a thread of a register row needs (`raw`: the row as stored).
-int fwd_row_regs(const NormProblem& p, int raw, bool preload, bool sliced) {
-  const int affine = preload ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0;
-  const int layer = p.kind == kLayerNorm ? (sliced ? 2 * raw : raw) : 0;
-  const int scalar = p.vec() == 1 ? raw : 0;
-  const int quant = p.quant != 0 ? 8 + scalar : 0;
-  return 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) + affine + scalar + quant;
-}
-
 // Inputs of kL1AllocMinInputBytes or more read through L1; outputs past L2 stored evict-first.
 unsigned memory_flags(const NormProblem& p) {
   const int64_t bytes = p.rows * p.row_bytes();
   return (bytes >= kL1AllocMinInputBytes ? kL1Allocate : 0u) | (bytes >= (int64_t(64) << 20) ? kStreamStore : 0u);
 }
-
 unsigned affine_flags(const NormProblem& p, int nv, int64_t row_blocks, const Gpu& gpu) {
   if (p.affine_tensors() == 0) return 0u;
-  if (nv <= 2) return kPreloadAffine;
-  return row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
+  return nv <= 2 ? kPreloadAffine : row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
 }
-
 bool mode_allows(NormMode mode, bool persistent, bool cached) {
-  if (mode == NormMode::kAuto) return true;
-  if (mode == NormMode::kStaticPersistent) return persistent;
-  return !persistent && cached == (mode == NormMode::kMultiWaveCached);
+  return mode == NormMode::kAuto ||
+         (mode == NormMode::kStaticPersistent ? persistent
+                                              : !persistent && cached == (mode == NormMode::kMultiWaveCached));
 }
-
 void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   for (int nv_target : kVecChoices) {
     if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) break;
@@ -64,7 +51,10 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
       if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) continue;
       if (l.tpr > cta && cta != kCtaChoices[0]) continue;  // one shape of a CTA wider than asked
       const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
-      const int regs = fwd_row_regs(p, raw, aff == kPreloadAffine, slices > 1);
+      const int scalar = p.vec() == 1 ? raw : 0, layer = p.kind == kLayerNorm ? (slices > 1 ? 2 * raw : raw) : 0;
+      const int regs = 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) +
+                       (aff == kPreloadAffine ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0) + scalar +
+                       (p.quant != 0 ? 8 + scalar : 0);
       const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs);
       if (regs_at(l.threads, blocks) < regs) continue;  // would spill
       for (bool persistent : {false, true}) {
@@ -73,11 +63,10 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
         const unsigned flags = kCachedRow | memory_flags(p) | (p.kind == kLayerNorm ? kTwoPassStats : 0u) |
                                (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
         const FwdDesign d = slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow;
-        Candidate c = candidate(p, int(d), fwd_family(p.kind), l, l.nv, blocks, fwd_flags(p) | flags, gpu.arch);
-        c.regs = regs;
+        Candidate& c =
+            add_candidate(out, p, int(d), fwd_family(p.kind), l, l.nv, blocks, regs, fwd_flags(p) | flags, gpu.arch);
         c.knobs.persistent = persistent;
         c.knobs.slices = slices;
-        out.push_back(c);
       }
     }
   }
@@ -113,39 +102,32 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
 }
 
 // A row streamed in chunks of `nv` vectors a thread (held in `smem`, or read twice).
-Candidate chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const Layout& l, int nv, unsigned flags,
-                      int64_t smem) {
+Candidate& chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const Layout& l, int nv, unsigned flags,
+                       int64_t smem, std::vector<Candidate>& out) {
   const int regs = 32 + nv * l.vec * p.esize() / 2;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
-  Candidate c = candidate(p, int(d), fwd_family(p.kind), l, nv, blocks, fwd_flags(p) | flags, gpu.arch);
-  c.regs = regs;
+  Candidate& c = add_candidate(out, p, int(d), fwd_family(p.kind), l, nv, blocks, regs, fwd_flags(p) | flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
   return c;
 }
-
 void smem_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (!mode_allows(mode, false, true)) return;
   for (int nv_target : {4, 8, 16}) {
     for (int cta : {256, 512}) {
       const Layout l = layout_of(p, p.hidden, nv_target, cta);
       const int64_t smem = int64_t(l.rows) * p.row_bytes();
-      if (smem > gpu.smem_per_cta()) continue;
       const int nv = std::min(l.nv, nv_target);
-      const unsigned flags = kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu);
-      out.push_back(chunked_row(p, gpu, FwdDesign::kSmemRow, l, nv, flags, smem));
+      if (smem <= gpu.smem_per_cta() && mode_allows(mode, false, true))
+        chunked_row(p, gpu, FwdDesign::kSmemRow, l, nv,
+                    kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu), smem, out);
     }
   }
 }
-
 void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   const Layout l = layout_of(p, p.hidden, kChunkVecs, 256);
-  for (bool persistent : {false, true}) {
-    if (!mode_allows(mode, persistent, false)) continue;
-    Candidate c =
-        chunked_row(p, gpu, FwdDesign::kReloadRow, l, std::min(l.nv, kChunkVecs), memory_flags(p) & ~kL1Allocate, 0);
-    c.knobs.persistent = persistent;
-    out.push_back(c);
-  }
+  for (bool persistent : {false, true})
+    if (mode_allows(mode, persistent, false))
+      chunked_row(p, gpu, FwdDesign::kReloadRow, l, std::min(l.nv, kChunkVecs), memory_flags(p) & ~kL1Allocate, 0, out)
+          .knobs.persistent = persistent;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -14,23 +15,19 @@ NormOverride& override_slot(bool forward) {
   return forward ? fwd : bwd;
 }
 
-bool matches(const Candidate& c, int design, const Knobs& knobs, unsigned set) {
-  if (design >= 0 && c.design != design) return false;
-  for (int k = 0; k < kKnobCount; ++k)
-    if ((set >> k & 1u) != 0 && c.knobs.get(static_cast<Knob>(k)) != knobs.get(static_cast<Knob>(k))) return false;
-  return true;
-}
-
-// Keeps the candidates an override (else the tuned choice) allows; none leaves all.
+// Keeps the candidates an override (else the tuned choice) allows; none leaves
+// all.
 void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& cands, PlanTrace& trace) {
-  const NormOverride& o = override_slot(forward);
+  NormOverride o = override_slot(forward);
   const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < design_count(forward);
-  if (!o.any() && !use_tuned) return;
-  const unsigned declared = use_tuned ? declared_knobs(forward, tuned->design) : 0u;
+  if (use_tuned) o = NormOverride{tuned->design, tuned->knobs, declared_knobs(forward, tuned->design)};
+  if (!o.any()) return;
   std::vector<Candidate> kept;
-  for (const Candidate& c : cands)
-    if (use_tuned ? matches(c, tuned->design, tuned->knobs, declared) : matches(c, o.design, o.knobs, o.set))
-      kept.push_back(c);
+  std::copy_if(cands.begin(), cands.end(), std::back_inserter(kept), [&](const Candidate& c) {
+    for (int k = 0; k < kKnobCount; ++k)
+      if ((o.set >> k & 1u) != 0 && c.knobs.get(Knob(k)) != o.knobs.get(Knob(k))) return false;
+    return o.design < 0 || c.design == o.design;
+  });
   if (kept.empty()) return;
   trace.forced = !use_tuned;
   trace.tuned = use_tuned;
@@ -95,14 +92,13 @@ int design_from_name(bool forward, const std::string& name) {
     if (name == design_name(forward, d)) return d;
   return -1;
 }
-
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain,
                           const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
   const bool every = override_slot(true).design >= 0;
-  // A cached mode asked of a row no cached design holds streams it twice; a
-  // mode none of whose designs carries a quantized output's epilogue plans as auto.
+  // A cached mode no cached design can hold streams x twice; a mode with no
+  // design carrying the quantized epilogue plans as auto.
   for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
     if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
   NormFwdPlan plan;
@@ -115,7 +111,6 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                               : NormMode::kMultiWaveReload;
   return plan;
 }
-
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain, const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
@@ -136,7 +131,6 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
   return plan;
 }
-
 std::string explain_fwd(const NormFwdPlan& plan) { return trace_text(plan.trace, true); }
 std::string explain_bwd(const NormBwdPlan& plan) { return trace_text(plan.trace, false); }
 

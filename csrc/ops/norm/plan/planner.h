@@ -19,7 +19,6 @@ struct PlanTrace {
   bool tuned = false;             // a measured choice (rtcnorm.tune) was taken
 };
 constexpr int kTraceLength = 6;
-
 // What a plan of either direction takes from the picked candidate.
 struct NormPlan {
   Knobs knobs;
@@ -29,18 +28,14 @@ struct NormPlan {
   double cost_us = 0;
   PlanTrace trace;  // filled when explaining
 };
-
 struct NormFwdPlan : NormPlan {
   FwdDesign design = FwdDesign::kRegisterRow;
-  NormMode mode = NormMode::kAuto;  // resolved, never kAuto
-  bool persistent = false;
-  bool cached = false;  // x is read once (registers or shared memory)
+  NormMode mode = NormMode::kAuto;          // resolved, never kAuto
+  bool persistent = false, cached = false;  // cached: x is read once (registers or shared memory)
 };
-
 struct NormBwdPlan : NormPlan {
   BwdDesign design = BwdDesign::kRegisterRow;
-  bool cached = false;
-  bool split = false;
+  bool cached = false, split = false;
   jit::KernelKey coef_key;    // the split design's per-row coefficient kernel
   bool programmatic = false;  // kernels after the first launch programmatically (sm_90+)
   // Persistent units (CTAs or a row's slices) at most: the cost model's grid,
@@ -49,13 +44,11 @@ struct NormBwdPlan : NormPlan {
   int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;
 };
-
 // `tuned`: a measured choice, taken where feasible and no override is set.
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false,
                           const TunedChoice* tuned = nullptr);
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain = false, const TunedChoice* tuned = nullptr);
-
 // Overrides, process-wide (tuning and tests): a design and knobs it declares.
 // Problems the forced design cannot run plan as usual.
 struct NormOverride {
@@ -68,7 +61,6 @@ void set_norm_override(bool forward, const NormOverride& o);
 const NormOverride& norm_override(bool forward);
 // A design's index by name; -1 when unknown.
 int design_from_name(bool forward, const std::string& name);
-
 // explain(): the plan's trace as text (only on request, never on launches).
 std::string explain_fwd(const NormFwdPlan& plan);
 std::string explain_bwd(const NormBwdPlan& plan);
