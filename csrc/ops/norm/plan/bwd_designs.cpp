@@ -92,21 +92,19 @@ void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
   if (w.accums() == 0 || p.rows < 2) return;
   std::vector<Candidate> rows;
   row_candidates(p, BwdWants{false, false, w.dh}, gpu, 1, rows);
-  const unsigned grads = (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
   for (Candidate c : rows) {
-    c.key.flags |= grads;
+    c.key.flags |= (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
     const int64_t slots = int64_t{c.knobs.blocks_per_sm} * gpu.sm_count;
     if (c.knobs.ring_stages != 0 || c.row_blocks >= slots) continue;
     const int threads = c.key.threads();
-    const int64_t nvec = p.nvec();
     int cv = std::max(1, kColumnLineBytes / (c.key.vec * p.esize()));
     const int64_t free_slots = std::max<int64_t>(1, std::min<int64_t>(gpu.sm_count, slots - c.row_blocks));
-    while (2 * cv <= threads && ceil_div(nvec, cv) > free_slots) cv *= 2;
+    while (2 * cv <= threads && ceil_div(p.nvec(), cv) > free_slots) cv *= 2;
     cv = std::min(cv, threads);
-    if (c.row_blocks + ceil_div(nvec, cv) > slots) continue;
+    c.col_ctas = ceil_div(p.nvec(), cv);
+    if (c.row_blocks + c.col_ctas > slots) continue;
     c.design = static_cast<int>(BwdDesign::kColumnGrads);
     c.col_vecs = cv;
-    c.col_ctas = ceil_div(nvec, cv);
     c.key.flags = (c.key.flags & ~kDirectGrads) | kColumnGrads;
     c.smem = std::max(c.smem, size_t(2) * threads * c.key.vec * sizeof(float));
     out.push_back(c);

@@ -36,7 +36,6 @@ const Entry& entry(bool forward, int design) { return forward ? kFwdDesigns[desi
 
 }  // namespace
 
-int design_count(bool forward) { return forward ? kFwdDesignCount : kBwdDesignCount; }
 const char* design_name(bool forward, int design) { return entry(forward, design).name; }
 unsigned declared_knobs(bool forward, int design) { return entry(forward, design).knobs; }
 const char* knob_name(Knob k) { return kKnobs[static_cast<int>(k)].name; }

@@ -27,7 +27,7 @@ enum class BwdDesign : uint8_t {
   kColumnGrads,  // few row blocks: row CTAs write dx, column CTAs beside them dW / dB over every row
 };
 constexpr int kFwdDesignCount = 4, kBwdDesignCount = 5;
-int design_count(bool forward);
+inline int design_count(bool forward) { return forward ? kFwdDesignCount : kBwdDesignCount; }
 const char* design_name(bool forward, int design);
 // The knobs a design may declare. 0 / false is "not set" for overrides.
 enum class Knob : uint8_t {

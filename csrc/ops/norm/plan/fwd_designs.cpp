@@ -60,11 +60,11 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
       for (bool persistent : {false, true}) {
         if (!mode_allows(mode, persistent, true)) continue;
         const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
-        const unsigned flags = kCachedRow | memory_flags(p) | (p.kind == kLayerNorm ? kTwoPassStats : 0u) |
-                               (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
-        const FwdDesign d = slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow;
-        Candidate& c =
-            add_candidate(out, p, int(d), fwd_family(p.kind), l, l.nv, blocks, regs, fwd_flags(p) | flags, gpu.arch);
+        const unsigned flags = fwd_flags(p) | kCachedRow | memory_flags(p) |
+                               (p.kind == kLayerNorm ? kTwoPassStats : 0u) | (keep_gamma ? kKeepGamma : aff) |
+                               (persistent ? kPrefetchNext : 0u);
+        const int d = int(slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow);
+        Candidate& c = add_candidate(out, p, d, fwd_family(p.kind), l, l.nv, blocks, regs, flags, gpu.arch);
         c.knobs.persistent = persistent;
         c.knobs.slices = slices;
       }

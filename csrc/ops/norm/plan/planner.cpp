@@ -64,12 +64,9 @@ std::string trace_text(const PlanTrace& t, bool forward) {
   for (size_t i = 0; i < t.ranked.size(); ++i) {
     const Candidate& c = t.ranked[i];
     os << (i == 0 ? "" : i == 1 ? "; then: " : "; ") << design_name(forward, c.design) << " (";
-    const char* sep = "";
-    for (int k = 0; k < kKnobCount; ++k) {
-      if ((declared_knobs(forward, c.design) >> k & 1u) == 0) continue;
-      os << sep << knob_name(static_cast<Knob>(k)) << "=" << c.knobs.get(static_cast<Knob>(k));
-      sep = " ";
-    }
+    for (int k = 0, shown = 0; k < kKnobCount; ++k)
+      if ((declared_knobs(forward, c.design) >> k & 1u) != 0)
+        os << (shown++ > 0 ? " " : "") << knob_name(Knob(k)) << "=" << c.knobs.get(Knob(k));
     os << ") " << c.us << " us";
     if (i == 0)
       os << ", " << c.bytes / 1e6 << " MB moved at " << int(c.efficiency * 100 + 0.5) << "% of DRAM bandwidth, "

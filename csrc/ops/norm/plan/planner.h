@@ -38,8 +38,7 @@ struct NormBwdPlan : NormPlan {
   bool cached = false, split = false;
   jit::KernelKey coef_key;    // the split design's per-row coefficient kernel
   bool programmatic = false;  // kernels after the first launch programmatically (sm_90+)
-  // Persistent units (CTAs or a row's slices) at most: the cost model's grid,
-  // so that the partial rows it priced are those written.
+  // Persistent units (CTAs or slice groups) at most: the partial rows the cost model priced.
   int64_t max_units = std::numeric_limits<int64_t>::max();
   int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;
