@@ -17,8 +17,7 @@ unsigned grad_flags(const NormProblem& p, const BwdWants& w) {
   return base_flags(p) | (w.dh ? kGradDh : 0u) | (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
 }
 
-// Registers a thread holding `elems` elements of x and dy (and dh) needs
-// (kKeepTerms: three floats an element); a register holds at most 4 bytes.
+// Registers a thread holding `elems` elements of x and dy (and dh) needs (docs/designs.md).
 int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_terms) {
   const int raw = elems / p.vec() * static_cast<int>(ceil_div(p.vec() * p.esize(), 4)) * (w.dh ? 3 : 2);
   const int centred = p.kind == kLayerNorm ? elems : 0;
@@ -86,8 +85,7 @@ void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
   }
 }
 
-// Few row blocks: dx-only row CTAs, then column CTAs summing dW / dB over
-// every row; together they fit one wave.
+// Few row blocks: dx-only row CTAs, then column CTAs summing dW / dB; one wave in all.
 void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (w.accums() == 0 || p.rows < 2) return;
   std::vector<Candidate> rows;

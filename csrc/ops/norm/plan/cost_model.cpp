@@ -1,6 +1,4 @@
-// The cost model (docs/designs.md): a candidate's device time from its bytes,
-// in-flight bytes, waves, dependent chain and launches. It ranks, it does not
-// time; every constant is a hardware figure of sm_80 - sm_100.
+// The cost model (docs/designs.md): it ranks, it does not time. Constants are hardware figures of sm_80 - sm_100.
 #include <algorithm>
 #include <cmath>
 
@@ -52,8 +50,7 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   const double busy = std::min<double>(blocks, slots);
   const double rounds = std::ceil(blocks / busy);
   c.grid = static_cast<int64_t>(busy) * slices;
-  // A CTA loads only between its reduction's barriers (`duty`); the SM idles
-  // while all its CTAs are between loads. A ring keeps loads ahead (`ahead`).
+  // A CTA loads between its barriers (`duty`), a ring further ahead; an SM idles while all its CTAs wait.
   const double ahead = c.knobs.ring_stages > 1 ? c.knobs.ring_stages - 1 : 1.0;
   const double ctas_per_sm = busy * slices / gpu.sm_count;
   const double cta_bytes = s.row_block_bytes / slices;
@@ -67,8 +64,7 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   const double balance = blocks / (rounds * busy);
   const double loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
   c.efficiency = overlap * balance * s.design_efficiency * loop;
-  // The dependent chain: each slot's row blocks in turn (a barrier round per 8
-  // warps); a thread's own work is exposed once, at the end.
+  // The dependent chain: each slot's row blocks in turn, a thread's own work exposed once at the end.
   const double warps_per_row = c.key.threads_per_row / 32.0;
   const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
   const double exchange = slices > 1 && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
@@ -111,8 +107,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   Shape s;
   s.bytes = m * row * streams + m * 8.0 + n * p.wsize() * (1 + w.accums());
   if (d == BwdDesign::kSplitRow) {
-    // The coefficient kernel re-reads x and dy; each row tile (32+ rows,
-    // about 8 column CTAs an SM) writes a partial row.
+    // The coefficient kernel re-reads x and dy; row tiles (32+ rows) write partial rows.
     s.bytes += m * row * 2.0;
     const double tiles = std::max(
         1.0, std::min(std::ceil(m / 32.0), 8.0 * gpu.sm_count / std::ceil(double(p.nvec()) / c.key.threads_per_row)));

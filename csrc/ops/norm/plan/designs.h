@@ -1,5 +1,4 @@
-// The norm design catalogue (docs/designs.md): each design is one kernel
-// structure with its knobs, feasibility, resources and kernel key.
+// The norm design catalogue (docs/designs.md): kernel structures, their knobs, resources and kernel keys.
 #pragma once
 
 #include <algorithm>
@@ -68,8 +67,7 @@ struct Candidate {
   double efficiency = 0;   // fraction of copy bandwidth the model expects
   double us = 0;           // the model's estimate
 };
-// The candidates of a problem, in catalogue order; designs another one
-// dominates are left out unless `every` (a forced design).
+// A problem's candidates in catalogue order; dominated designs left out unless `every` (a forced design).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c);
@@ -77,10 +75,8 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs a design declares, bit k: Knob k (overrides of others are refused).
 unsigned declared_knobs(bool forward, int design);
-// Shared by the designs (designs.cpp): a kernel key of the problem's types,
-// width and vector; the flags every kernel of a problem reads; rows of
-// `hidden` elements (a slice's) over about `cta_threads` threads at about
-// `nv_target` vectors a thread.
+// Shared by the designs (planner.cpp): a problem's kernel key and flags; rows of `hidden` elements
+// (a slice's) over about `cta_threads` threads at about `nv_target` vectors a thread.
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch);
 unsigned base_flags(const NormProblem& p);
 struct Layout {
@@ -92,15 +88,12 @@ constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA si
 // Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
                          const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
-// A row split over the `s` CTAs of a cluster; grid_exchange(): over CTAs of
-// a persistent cooperative launch meeting in global memory.
+// A row split over a cluster's `s` CTAs; grid_exchange(): a cooperative launch's, meeting in global memory.
 void slice(Candidate& c, int s);
 Candidate grid_exchange(Candidate c);
-// Threads per row at about `nv` vectors a thread: a power of two up to a
-// warp, else the multiple of 32 (at most 1024) idling the fewest lanes.
+// Threads a row at about `nv` vectors each: a power of two up to a warp, else the multiple of 32 idling fewest.
 int threads_per_row(int64_t nvec, int nv);
-// Registers a thread may use at launch bounds (threads, blocks), as ptxas
-// caps them; the most CTAs (at most `blocks`) leaving `need` registers.
+// Registers ptxas allows a thread at launch bounds (threads, blocks); the most CTAs leaving `need`.
 int regs_at(int threads, int blocks);
 int blocks_leaving(int threads, int blocks, int need);
 inline int fit_smem(int blocks, int64_t smem, int64_t limit) {

@@ -18,8 +18,7 @@ constexpr int kDeferredStages = 3;            // a deferred-statistics ring
 unsigned fwd_flags(const NormProblem& p) {
   return base_flags(p) | (p.has_bias ? kHasBias : 0u) | (p.residual ? kResidual : 0u) | p.quant;
 }
-// A quantized output needs the row in one CTA, and a block scale's vectors
-// on adjacent lanes of a row, unless the row is a single block.
+// A quantized output's conditions (docs/designs.md).
 bool carries_epilogue(const NormProblem& p, const Candidate& c) {
   if (p.quant == 0) return true;
   if (c.knobs.slices > 1 || c.key.cluster > 1) return false;
@@ -72,8 +71,7 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
   }
 }
 
-// Register rows split over 2-16 CTAs; persistent slices may meet in global
-// memory, and there may defer the statistics one row block through a ring.
+// Register rows split over 2-16 CTAs; persistent slices may meet in global memory, deferring statistics.
 void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (gpu.arch < 90) return;
   for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
@@ -134,8 +132,7 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
 
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   register_rows(p, mode, gpu, 1, out);
-  // Unless `every`: shared-memory rows where registers cannot hold the row or
-  // beside a residual; slices also for fewer rows than SMs.
+  // Unless `every`: shared-memory rows if registers cannot hold a row; slices also for fewer rows than SMs.
   const bool held = !out.empty();
   if (every || !held || p.residual) smem_rows(p, mode, gpu, out);
   if (!p.residual && p.quant == 0 && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))

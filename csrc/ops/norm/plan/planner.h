@@ -1,5 +1,4 @@
-// The norm planner: ranks the catalogue's feasible candidates with the cost
-// model and returns the cheapest as a launch plan. Needs no GPU.
+// The norm planner: the cheapest of the catalogue's feasible candidates as a launch plan. Needs no GPU.
 #pragma once
 
 #include <cstdint>
@@ -48,8 +47,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                           const TunedChoice* tuned = nullptr);
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain = false, const TunedChoice* tuned = nullptr);
-// Overrides, process-wide (tuning and tests): a design and knobs it declares.
-// Problems the forced design cannot run plan as usual.
+// Process-wide overrides (tuning, tests): a design and its knobs; problems it cannot run plan as usual.
 struct NormOverride {
   int design = -1;  // FwdDesign / BwdDesign as int; -1: none
   Knobs knobs;

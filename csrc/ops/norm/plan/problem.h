@@ -1,5 +1,4 @@
-// What decides a norm kernel: the problem (op, dtypes, shape, row strides,
-// features) and the GPU's limits. Plain data, no GPU needed.
+// What decides a norm kernel: the problem and the GPU's limits. Plain data, no GPU needed.
 #pragma once
 
 #include <c10/util/string_view.h>
@@ -13,8 +12,7 @@
 
 namespace rtcnorm {
 
-// The forward's user-facing modes: kAuto lets the planner choose; the others
-// restrict it to designs of that kind of grid.
+// The forward's user-facing modes: kAuto, or designs of one kind of grid.
 enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMultiWaveCached };
 // Parses the user's mode string; throws naming `op` and listing valid values.
 NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op);
@@ -38,14 +36,12 @@ struct NormProblem {
   int64_t row_bytes() const { return hidden * esize(); }
   unsigned recipe() const { return (quant & kQuantBits) >> kQuantShift; }
 };
-// What the backward computes besides dx: dW, dB, and dh (an incoming
-// gradient of the residual sum h, added to dx).
+// What the backward computes besides dx (dh: the residual sum's incoming gradient, added to dx).
 struct BwdWants {
   bool dw = false, db = false, dh = false;
   int accums() const { return int(dw) + int(db); }
 };
-// The device's limits by a fixed table by arch: plans (and kernel keys) are
-// identical between a GPU-less precompile and the device.
+// The device's limits, fixed by arch: a GPU-less precompile plans as the device does.
 struct Gpu {
   int sm_count = 132, arch = 90;
   int64_t smem_per_cta() const { return max_smem_per_block(arch); }
