@@ -1,5 +1,4 @@
-// The backward designs: feasibility, knob candidates, resources and kernel
-// keys (the kernel template's flag word, kernels/common/params.cuh).
+// The backward designs' candidates (flag words: kernels/common/params.cuh).
 #include <algorithm>
 
 #include "ops/norm/kernel_families.h"
@@ -18,19 +17,14 @@ unsigned grad_flags(const NormProblem& p, const BwdWants& w) {
   return base_flags(p) | (w.dh ? kGradDh : 0u) | (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
 }
 
-// Registers a thread holding `elems` elements of x and dy (and dh) needs:
-// the raw values (or, with kKeepTerms, three floats each), an fp32
-// accumulator a gradient, LayerNorm's centred values, a float of working
-// values each, and about 40 more.
+// Registers a thread holding `elems` elements of x and dy (and dh) needs (docs/designs.md).
 int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_terms) {
-  // A register holds at most 4 bytes of a row, and a lone 16-bit element (N odd) one.
   const int raw = elems / p.vec() * static_cast<int>(ceil_div(p.vec() * p.esize(), 4)) * (w.dh ? 3 : 2);
   const int centred = p.kind == kLayerNorm ? elems : 0;
   return 40 + elems * (1 + w.accums()) + centred + (keep_terms ? 3 * elems : raw);
 }
 
-// Persistent CTAs holding rows of `p.hidden / slices` elements in registers,
-// or staging them through a 2-3 stage cp.async ring.
+// Persistent CTAs holding rows (of `slices`) in registers or a 2-3 stage ring.
 void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   const int vec = p.vec();
   const int64_t hidden = p.hidden / slices;
@@ -61,21 +55,19 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
           const unsigned flags = grad_flags(p, w) | kCachedRow | (keep_terms ? kKeepTerms : 0u) |
                                  (staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift : kPrefetchNext) |
                                  (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
-          Candidate c = candidate(p, int(d), bwd_family(p.kind), l, l.nv, b, flags, gpu.arch);
-          c.regs = bwd_row_regs(p, w, l.nv * vec, keep_terms);
+          Candidate& c = add_candidate(out, p, int(d), bwd_family(p.kind), l, l.nv, b,
+                                       bwd_row_regs(p, w, l.nv * vec, keep_terms), flags, gpu.arch);
           c.knobs.ring_stages = stages;
           c.knobs.slices = slices;
           c.knobs.persistent = true;
           c.smem = smem;
-          out.push_back(c);
         }
       }
     }
   }
 }
 
-// Rows split over a cluster's CTAs or a cooperative group; staged slices
-// may collect the row's sums one row block late (deferred).
+// Rows split over a cluster or a cooperative group; staged slices may defer.
 void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (gpu.arch < 90) return;
   for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
@@ -93,37 +85,31 @@ void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
   }
 }
 
-// Few row blocks: row CTAs write dx only, and CTAs after them each own
-// `col_vecs` vectors of columns and sum dW / dB over every row. Row and
-// column CTAs together fit one wave at the candidate's residency.
+// Few row blocks: dx-only row CTAs, then column CTAs summing dW / dB; one wave in all.
 void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (w.accums() == 0 || p.rows < 2) return;
-  // The row CTAs hold no dW / dB accumulators: the layouts of a dx-only backward.
   std::vector<Candidate> rows;
   row_candidates(p, BwdWants{false, false, w.dh}, gpu, 1, rows);
-  const unsigned grads = (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
   for (Candidate c : rows) {
-    c.key.flags |= grads;
+    c.key.flags |= (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
     const int64_t slots = int64_t{c.knobs.blocks_per_sm} * gpu.sm_count;
     if (c.knobs.ring_stages != 0 || c.row_blocks >= slots) continue;
     const int threads = c.key.threads();
-    const int64_t nvec = p.nvec();
     int cv = std::max(1, kColumnLineBytes / (c.key.vec * p.esize()));
     const int64_t free_slots = std::max<int64_t>(1, std::min<int64_t>(gpu.sm_count, slots - c.row_blocks));
-    while (2 * cv <= threads && ceil_div(nvec, cv) > free_slots) cv *= 2;
+    while (2 * cv <= threads && ceil_div(p.nvec(), cv) > free_slots) cv *= 2;
     cv = std::min(cv, threads);
-    if (c.row_blocks + ceil_div(nvec, cv) > slots) continue;
+    c.col_ctas = ceil_div(p.nvec(), cv);
+    if (c.row_blocks + c.col_ctas > slots) continue;
     c.design = static_cast<int>(BwdDesign::kColumnGrads);
     c.col_vecs = cv;
-    c.col_ctas = ceil_div(nvec, cv);
     c.key.flags = (c.key.flags & ~kDirectGrads) | kColumnGrads;
     c.smem = std::max(c.smem, size_t(2) * threads * c.key.vec * sizeof(float));
     out.push_back(c);
   }
 }
 
-// The split design's column kernel: a CTA of one row of threads, each
-// walking `rows_in_flight` rows at once down its columns.
+// The split design's column kernel: one row of threads walking down columns.
 void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   Layout l;
   l.tpr = l.threads = static_cast<int>(std::min<int64_t>(kSplitColThreads, pow2_ceil(p.nvec())));
@@ -131,44 +117,26 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
   for (int rows_in_flight : {4, 8, 16}) {
     const int regs = 40 + rows_in_flight * p.vec() * p.esize() * (w.dh ? 3 : 2) / 4 + p.vec() * w.accums();
     if (regs > regs_at(l.threads, 2)) continue;  // would spill
-    const unsigned flags = grad_flags(p, w) | kStreamStore;
-    Candidate c =
-        candidate(p, int(BwdDesign::kSplitRow), split_cols_family(p.kind), l, rows_in_flight, 2, flags, gpu.arch);
-    c.regs = regs;
-    out.push_back(c);
+    add_candidate(out, p, int(BwdDesign::kSplitRow), split_cols_family(p.kind), l, rows_in_flight, 2, regs,
+                  grad_flags(p, w) | kStreamStore, gpu.arch);
   }
 }
 
-// Row blocks staged through shared memory in 16-byte pieces of the flat
-// tensor, for widths no 16-byte vector divides: persistent CTAs, a ring of
-// two stages, a thread keeping its elements' terms (kKeepTerms) and dW / dB sums.
+// flat_row: a thread keeps its elements' terms (kKeepTerms) and dW / dB sums.
 void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p)) return;
-  const int vec = p.vec();
-  for (int elems : {4, 8, 16}) {
+  for (int elems : {4, 8, 16})
     for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, p.hidden, std::max(1, elems / vec), cta);
-      if (l.nv * vec > elems || (l.tpr > cta && cta != kCtaChoices[0]) || (l.tpr > 512 && p.kind == kLayerNorm))
-        continue;
+      const Layout l = layout_of(p, p.hidden, elems, cta);
+      if (l.tpr > 512 && p.kind == kLayerNorm) continue;
       const int bundles = bwd_bundles(l.tpr, l.rows);
       const int64_t combine = w.accums() > 0 && bundles > 1 ? int64_t{bundles} * p.hidden * 4 : 0;
-      const int64_t stage = (w.dh ? 3 : 2) * flat_buffer_elems(l.rows, static_cast<int>(p.hidden), p.esize());
-      const int need = bwd_row_regs(p, w, l.nv * vec, true);
+      const int64_t ring = kFlatStages * (w.dh ? 3 : 2) * flat_buffer_elems(l.rows, int(p.hidden), p.esize());
       const bool direct = l.row_blocks == 1 && w.accums() > 0;
-      const int64_t smem = std::max(combine, kFlatStages * stage * p.esize());
-      if (smem > gpu.smem_per_cta()) continue;
-      const int blocks =
-          fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), need), smem, gpu.smem_per_cta());
-      if (regs_at(l.threads, blocks) < need) continue;  // would spill
-      const unsigned flags = grad_flags(p, w) | (p.hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
-      Candidate c = candidate(p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, l.nv, blocks, flags, gpu.arch);
-      if (std::any_of(out.begin(), out.end(), [&](const Candidate& o) { return o.key == c.key; })) continue;
-      c.regs = need;
-      c.smem = static_cast<size_t>(smem);
-      c.knobs.persistent = true;
-      out.push_back(c);
+      add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, elems, cta, bwd_row_regs(p, w, l.nv, true),
+               std::max(combine, ring * p.esize()),
+               grad_flags(p, w) | (p.hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u), gpu);
     }
-  }
 }
 
 }  // namespace
@@ -182,10 +150,9 @@ jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
   c.variant = 1;
   return c;
 }
-
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   row_candidates(p, w, gpu, 1, out);
-  // Slices only for rows one CTA cannot hold or fewer rows than SMs, unless `every`.
+  // Unless `every`: slices only where one CTA cannot hold a row or rows are few.
   if (every || out.empty() || p.rows < gpu.sm_count) sliced_candidates(p, w, gpu, out);
   column_candidates(p, w, gpu, out);
   split_candidates(p, w, gpu, out);

@@ -1,7 +1,4 @@
-// The cost model: one call's device time for a candidate, estimated from the
-// bytes it moves, the bytes each SM keeps in flight, its waves, its dependent
-// chain and its launches. It ranks candidates; it is not a timer. Every
-// constant is a hardware figure of sm_80 - sm_100 (docs/designs.md).
+// The cost model (docs/designs.md): it ranks, it does not time. Constants are hardware figures of sm_80 - sm_100.
 #include <algorithm>
 #include <cmath>
 
@@ -32,14 +29,13 @@ double dram_bytes_per_us(const Gpu& gpu) {
   const double per_sm = gpu.arch >= 100 ? 60e3 : gpu.arch >= 90 ? 27e3 : 19e3;
   return per_sm * gpu.sm_count;
 }
-
 struct Shape {
   double bytes = 0;              // DRAM traffic of the call
   double row_block_bytes = 0;    // bytes one row block has requested at once
   int launches = 1;              // kernels in the call
   double reductions = 1;         // row reductions a row block waits on (LayerNorm's two passes: 2)
   double after_reduction = 0;    // latency on a row block's path after its reduction
-  double serial_us = 0;          // a thread's work on the elements it holds, per row block
+  double element_us = 0;         // a thread's work an element it holds, per row block
   double tail_us = 0;            // work after the last row block (column CTAs' sums)
   double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
   bool walks_rows = false;       // a CTA loads row after row even in one wave
@@ -48,20 +44,11 @@ struct Shape {
   int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
 };
 
-// A thread's serial work on one row block: every element it holds, over
-// every chunk of its slice (idle vector slots of the last chunk included).
-double serial_us(const NormProblem& p, const Candidate& c, double per_element_us) {
-  const int64_t chunk = int64_t{c.key.threads_per_row} * std::max(1, c.knobs.vecs_per_thread);
-  const int64_t chunks = ceil_div(ceil_div(p.nvec(), std::max(1, c.knobs.slices)), chunk);
-  return double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * per_element_us;
-}
-
 // Spreads the row blocks over the resident slots and prices the result.
-void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
+void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) {
   const int slices = std::max(1, c.knobs.slices);
   const int threads = c.key.threads();
-  // CTAs an SM holds: as many as the registers a thread needs allow, within
-  // shared memory and 2048 threads; the launch bounds are a floor.
+  // CTAs an SM holds by registers, shared memory and 2048 threads; launch bounds are a floor.
   const int regs_allow = blocks_leaving(threads, std::max(1, 2048 / std::max(1, threads)), c.regs);
   const int resident = std::max(fit_smem(regs_allow, static_cast<int64_t>(c.smem), kSmemPerSm), c.knobs.blocks_per_sm);
   const double slots = std::max(1.0, double(gpu.sm_count) * resident / slices);
@@ -69,9 +56,7 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const double busy = std::min<double>(blocks, slots);
   const double rounds = std::ceil(blocks / busy);
   c.grid = static_cast<int64_t>(busy) * slices;
-  // A CTA has loads in flight only between the barriers of its row
-  // reduction (`duty`); the SM's DRAM share idles while all of its CTAs are
-  // between loads. A ring keeps the next rows' loads in flight (`ahead`).
+  // A CTA loads between its barriers (`duty`), a ring further ahead; an SM idles while all its CTAs wait.
   const double ahead = c.knobs.ring_stages > 1 ? c.knobs.ring_stages - 1 : 1.0;
   const double ctas_per_sm = busy * slices / gpu.sm_count;
   const double cta_bytes = s.row_block_bytes / slices;
@@ -88,14 +73,16 @@ void finish(const Shape& s, const Gpu& gpu, Candidate& c) {
   const double balance = blocks / (rounds * busy);
   const double loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
   c.efficiency = overlap * balance * s.design_efficiency * loop;
-  // The dependent chain: each slot's row blocks one after another, each a
-  // load round trip, the reduction's barriers (one round up to 8 warps) and
-  // what follows; a thread's work on its elements is exposed once, at the end.
+  // The dependent chain: each slot's row blocks in turn, a thread's own work exposed once at the end.
   const double warps_per_row = c.key.threads_per_row / 32.0;
   const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
   const double exchange = slices > 1 && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
-  const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + s.serial_us + s.tail_us;
+  // A thread's serial work: every chunk of its slice, idle slots included.
+  const int64_t chunk = int64_t{c.key.threads_per_row} * std::max(1, c.knobs.vecs_per_thread);
+  const int64_t chunks = ceil_div(ceil_div(p.nvec(), slices), chunk);
+  const double serial = double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * s.element_us;
+  const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + serial + s.tail_us;
   const double pass = s.smem_pass || (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
   const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);  // overlaps the chain in part
   c.bytes = s.bytes;
@@ -133,11 +120,10 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   const bool gamma_ready = (c.key.flags & (kPreloadAffine | kKeepGamma)) != 0;
   if (p.affine_tensors() > 0 && !gamma_ready) s.after_reduction = kL2TripUs;
-  s.serial_us = serial_us(p, c, kFwdElementUs);
+  s.element_us = kFwdElementUs;
   price_access(p, d == FwdDesign::kFlatRow, kNarrowFwd, s);
-  finish(s, gpu, c);
+  finish(p, s, gpu, c);
 }
-
 void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c) {
   const double m = double(p.rows), row = double(p.row_bytes()), n = double(p.hidden);
   const auto d = static_cast<BwdDesign>(c.design);
@@ -145,8 +131,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   Shape s;
   s.bytes = m * row * streams + m * 8.0 + n * p.wsize() * (1 + w.accums());
   if (d == BwdDesign::kSplitRow) {
-    // The coefficient kernel reads x and dy once more; each row tile writes
-    // a partial row (about 8 column CTAs an SM, tiles of 32+ rows).
+    // The coefficient kernel re-reads x and dy; row tiles (32+ rows) write partial rows.
     s.bytes += m * row * 2.0;
     const double tiles = std::max(
         1.0, std::min(std::ceil(m / 32.0), 8.0 * gpu.sm_count / std::ceil(double(p.nvec()) / c.key.threads_per_row)));
@@ -155,32 +140,29 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     s.design_efficiency = kSplitEfficiency;
     s.walks_rows = true;
     s.row_block_bytes = double(c.key.threads_per_row) * c.knobs.vecs_per_thread * c.key.vec * p.esize() * 2.0;
-    // Its chain: the coefficient kernel, then a walk down the tile,
-    // rows_in_flight rows a round trip.
+    // Its chain: the coefficient kernel, then rows_in_flight rows a round trip.
     const double rows_per_tile = std::ceil(m / tiles);
     s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
     s.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
     price_access(p, false, kNarrowBwd, s);
-    finish(s, gpu, c);
+    finish(p, s, gpu, c);
     return;
   }
   const bool direct = (c.key.flags & (kDirectGrads | kColumnGrads)) != 0;
   s.launches = direct || w.accums() == 0 ? 1 : 2;
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   if (d == BwdDesign::kColumnGrads) {
-    // Column CTAs re-read x and dy (from L2: the rows are few), a load latency
-    // per few rows.
+    // Column CTAs re-read x and dy from L2, a load latency per few rows.
     const double lanes = std::max(1.0, double(c.key.threads()) / c.col_vecs);
     s.bytes += m * row * 2.0 * 0.5;
     s.tail_us = kLatencyUs * std::ceil(m / lanes) / 4.0;
   }
   const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
   s.row_block_bytes = rows * row * (streams - 1.0);
-  s.serial_us = serial_us(p, c, kBwdElementUs);
+  s.element_us = kBwdElementUs;
   price_access(p, d == BwdDesign::kFlatRow, kNarrowBwd, s);
-  finish(s, gpu, c);
-  // Each persistent unit (a CTA, or a row's slices) writes an fp32 partial
-  // row per gradient, which the column reduce reads back.
+  finish(p, s, gpu, c);
+  // Each persistent unit writes an fp32 partial row a gradient, read back.
   if (!direct && w.accums() > 0) {
     const double units = double(c.grid) / c.knobs.slices;
     const double partial = units * n * 4.0 * w.accums() * 2.0;

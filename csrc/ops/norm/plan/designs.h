@@ -1,7 +1,4 @@
-// The norm design catalogue: each design is one kernel structure, with the
-// knobs it declares, when it is feasible, the resources it takes and how it
-// lowers to a kernel key. The planner (planner.h) enumerates candidates of
-// every feasible design, the cost model ranks them.
+// The norm design catalogue (docs/designs.md): kernel structures, their knobs, resources and kernel keys.
 #pragma once
 
 #include <algorithm>
@@ -21,22 +18,18 @@ enum class FwdDesign : uint8_t {
   kReloadRow,    // x read twice (statistics, then normalize): any width, any mode
   kFlatRow,      // a row block staged through shared memory in 16-byte pieces of the flat tensor: any width
 };
-// Backward designs; every one writes a (parts x N) fp32 partial dW / dB
-// buffer reduced in a fixed order, except where one CTA owns every row.
+// Backward designs; dW / dB are reduced in a fixed order (deterministic).
 enum class BwdDesign : uint8_t {
   kRegisterRow,  // persistent CTAs, x and dy of a row held in registers
   kStagedRow,    // as kRegisterRow, x and dy staged through a cp.async ring in shared memory
   kSlicedRow,    // a row split over a cluster's CTAs (or a cooperative group), each slice staged or in registers
-  kSplitRow,     // a per-row coefficient kernel, then a column kernel over row tiles: any width
-                 // (its vecs_per_thread: rows in flight a thread of the column kernel)
+  kSplitRow,     // a per-row coefficient kernel, then a column kernel (vecs_per_thread: rows in flight)
   kColumnGrads,  // few row blocks: row CTAs write dx, column CTAs beside them dW / dB over every row
   kFlatRow,      // as the forward's flat_row, with register dW / dB sums as kRegisterRow
 };
 constexpr int kFwdDesignCount = 5, kBwdDesignCount = 6;
-// The designs of a direction (forward: FwdDesign, backward: BwdDesign) by index.
-int design_count(bool forward);
+inline int design_count(bool forward) { return forward ? kFwdDesignCount : kBwdDesignCount; }
 const char* design_name(bool forward, int design);
-
 // The knobs a design may declare. 0 / false is "not set" for overrides.
 enum class Knob : uint8_t {
   kVecsPerThread,  // vectors a thread holds of a row (or a slice, or a chunk)
@@ -49,27 +42,18 @@ enum class Knob : uint8_t {
 };
 constexpr int kKnobCount = 7;
 const char* knob_name(Knob k);
-
 struct Knobs {
-  int vecs_per_thread = 0;
-  int cta_threads = 0;
-  int blocks_per_sm = 0;
-  int slices = 1;
-  int ring_stages = 0;
-  int persistent = 0;     // 0 / 1
-  int grid_exchange = 0;  // 0 / 1
+  int vecs_per_thread = 0, cta_threads = 0, blocks_per_sm = 0, slices = 1, ring_stages = 0;
+  int persistent = 0, grid_exchange = 0;  // 0 / 1
   int get(Knob k) const;
   void set(Knob k, int v);
 };
-
-// A measured choice (rtcnorm.tune): the design and every knob of the
-// candidate that timed fastest for one exact problem on one GPU model.
+// A measured choice (rtcnorm.tune) for one exact problem on one GPU model.
 struct TunedChoice {
   int design = -1;  // FwdDesign / BwdDesign as int
   Knobs knobs;
 };
-
-// One (design, knobs) candidate with what the cost model needs and returns.
+// One (design, knobs) candidate, its resources and the cost model's terms.
 struct Candidate {
   int design = 0;  // FwdDesign or BwdDesign, as int
   Knobs knobs;
@@ -80,66 +64,48 @@ struct Candidate {
   int regs = 0;            // estimated registers a thread needs
   int col_vecs = 0;        // kColumnGrads: vectors of columns a column CTA owns
   int64_t col_ctas = 0;    // kColumnGrads: column CTAs after the row CTAs
-  // Cost model terms (cost_model.cpp).
-  double bytes = 0;       // DRAM bytes moved, partial rows and re-reads included
-  double in_flight = 0;   // bytes a resident SM has requested at once
-  double efficiency = 0;  // fraction of copy bandwidth the model expects
-  double us = 0;          // the model's estimate
+  double bytes = 0;        // DRAM bytes moved, partial rows and re-reads included
+  double in_flight = 0;    // bytes a resident SM has requested at once
+  double efficiency = 0;   // fraction of copy bandwidth the model expects
+  double us = 0;           // the model's estimate
 };
-
-// The candidates of a problem, in catalogue order. A design another one
-// dominates on the problem (shared-memory rows where registers hold the row,
-// sliced rows where one CTA holds it and rows fill the GPU) is left out
-// unless `every` (a forced design: every feasible candidate).
+// A problem's candidates in catalogue order; dominated designs left out unless `every` (a forced design).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every);
-// The cost model (cost_model.cpp) fills a candidate's cost terms and `us`.
 void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c);
 void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c);
-// The split backward's per-row coefficient kernel for a problem.
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
-// The knobs each design declares, bit k: Knob k (overrides of any other
-// knob are refused); `design` must be below design_count(forward).
+// The knobs a design declares, bit k: Knob k (overrides of others are refused).
 unsigned declared_knobs(bool forward, int design);
-
-// Shared by the designs (designs.cpp). A kernel of `family` for the problem:
-// types, width, widest vector and arch; the design adds layout and flags.
+// Shared by the designs (planner.cpp): a problem's kernel key and flags; rows of `hidden` elements
+// (a slice's) over about `cta_threads` threads at about `nv_target` vectors a thread.
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch);
-// Flags of the parameters and row maps every kernel of a problem reads.
 unsigned base_flags(const NormProblem& p);
-// Rows of `hidden` elements (a row's slice when sliced) over a CTA of about
-// `cta_threads` threads at about `nv_target` vectors a thread.
 struct Layout {
   int vec = 1, tpr = 1, rows = 1, nv = 1, threads = 1;
   int64_t row_blocks = 0;
 };
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
 constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
-// flat_row: its ring's stages. More stages measured no faster; fewer CTAs an
-// SM then fit its shared memory (docs/designs.md).
+// flat_row: two stages (more measured no faster); planned for 2-byte accesses (16-bit, N odd).
 constexpr int kFlatStages = 2;
-// flat_row is feasible where a row's access would be under 4 bytes (16-bit
-// elements, N odd): a warp's 2-byte loads move 64 bytes a request.
 inline bool flat_worth(const NormProblem& p) { return p.flat && p.vec() * p.esize() < 4; }
-// A candidate of `design` on layout `l`: row knobs and kernel key (`blocks`: launch bounds).
-Candidate candidate(const NormProblem& p, int design, const jit::KernelFamily* family, const Layout& l, int nv,
-                    int blocks, unsigned flags, int arch);
-// A row split over the `s` CTAs of a thread-block cluster (distributed
-// shared memory); grid_exchange(): over `s` consecutive CTAs of a persistent
-// cooperative launch meeting in global memory (any SM).
+// Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
+Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+                         const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
+// flat_row's candidate (persistent) on layout `l`, unless it holds more than
+// `elems` elements a thread, is wider than `cta` asked, would spill or exceed
+// shared memory, or repeats one already there.
+void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+              const Layout& l, int elems, int cta, int regs, int64_t smem, unsigned flags, const Gpu& gpu);
+// A row split over a cluster's `s` CTAs; grid_exchange(): a cooperative launch's, meeting in global memory.
 void slice(Candidate& c, int s);
 Candidate grid_exchange(Candidate c);
-
-// Threads per row for `nvec` vectors at about `nv` vectors a thread: a power
-// of two up to a warp (butterfly reductions), else a multiple of 32 (at most
-// 1024) that idles the fewest lanes.
+// Threads a row at about `nv` vectors each: a power of two up to a warp, else the multiple of 32 idling fewest.
 int threads_per_row(int64_t nvec, int nv);
-// Registers a thread may use when `blocks` CTAs of `threads` share an SM, as
-// ptxas caps them for those launch bounds; and the most CTAs (at most
-// `blocks`) that leave `need` registers.
+// Registers ptxas allows a thread at launch bounds (threads, blocks); the most CTAs leaving `need`.
 int regs_at(int threads, int blocks);
 int blocks_leaving(int threads, int blocks, int need);
-// CTAs an SM (at most `blocks`, at least 1) that `smem` bytes each leave room for.
 inline int fit_smem(int blocks, int64_t smem, int64_t limit) {
   return smem > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, limit / smem))) : blocks;
 }

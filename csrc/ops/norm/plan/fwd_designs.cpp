@@ -1,5 +1,4 @@
-// The forward designs: feasibility, knob candidates, resources and kernel
-// keys (the kernel template's flag word, kernels/common/params.cuh).
+// The forward designs' candidates (flag words: kernels/common/params.cuh).
 #include <algorithm>
 
 #include "kernels/common/quant_math.cuh"
@@ -19,9 +18,7 @@ constexpr int kDeferredStages = 3;            // a deferred-statistics ring
 unsigned fwd_flags(const NormProblem& p) {
   return base_flags(p) | (p.has_bias ? kHasBias : 0u) | (p.residual ? kResidual : 0u) | p.quant;
 }
-// A quantized output (norm/quant_epilogue.cuh) needs its row in one CTA
-// (no slices), and a block scale's vectors on adjacent lanes of one row
-// group, unless the row is a single block.
+// A quantized output's conditions (docs/designs.md).
 bool carries_epilogue(const NormProblem& p, const Candidate& c) {
   if (p.quant == 0) return true;
   if (c.knobs.slices > 1 || c.key.cluster > 1) return false;
@@ -29,71 +26,52 @@ bool carries_epilogue(const NormProblem& p, const Candidate& c) {
   return block == 0 || p.hidden <= block || c.key.threads_per_row >= block / c.key.vec;
 }
 
-// Registers a thread of a register row needs (`raw`: the row as stored):
-// the residual's operand, gamma / beta packs loaded beside x, LayerNorm's
-// centred values (a slice's merged moments), scalar rows' predicates and
-// addresses, a quantized output's codes, amax and scale, and about 24 more.
-int fwd_row_regs(const NormProblem& p, int raw, bool preload, bool sliced) {
-  const int affine = preload ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0;
-  const int layer = p.kind == kLayerNorm ? (sliced ? 2 * raw : raw) : 0;
-  const int scalar = p.vec() == 1 ? raw : 0;
-  const int quant = p.quant != 0 ? 8 + scalar : 0;
-  return 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) + affine + scalar + quant;
-}
-
 // Inputs of kL1AllocMinInputBytes or more read through L1; outputs past L2 stored evict-first.
 unsigned memory_flags(const NormProblem& p) {
   const int64_t bytes = p.rows * p.row_bytes();
   return (bytes >= kL1AllocMinInputBytes ? kL1Allocate : 0u) | (bytes >= (int64_t(64) << 20) ? kStreamStore : 0u);
 }
-
-// gamma / beta: loaded into registers beside x where a thread holds at most
-// two vectors, else prefetched into L1 beside the row where CTAs are few.
 unsigned affine_flags(const NormProblem& p, int nv, int64_t row_blocks, const Gpu& gpu) {
   if (p.affine_tensors() == 0) return 0u;
-  if (nv <= 2) return kPreloadAffine;
-  return row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
+  return nv <= 2 ? kPreloadAffine : row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
 }
-
 bool mode_allows(NormMode mode, bool persistent, bool cached) {
-  if (mode == NormMode::kAuto) return true;
-  if (mode == NormMode::kStaticPersistent) return persistent;
-  return !persistent && cached == (mode == NormMode::kMultiWaveCached);
+  return mode == NormMode::kAuto ||
+         (mode == NormMode::kStaticPersistent ? persistent
+                                              : !persistent && cached == (mode == NormMode::kMultiWaveCached));
 }
-
 void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   for (int nv_target : kVecChoices) {
     if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) break;
     for (int cta : kCtaChoices) {
       const Layout l = layout_of(p, p.hidden / slices, nv_target, cta);
-      // A register holds at most 4 bytes of the row, and a lone 16-bit
-      // element (N odd) takes one to itself.
+      // A register holds at most 4 bytes of the row; a lone 16-bit element one.
       const int raw = l.nv * static_cast<int>(ceil_div(l.vec * p.esize(), 4));
       if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) continue;
       if (l.tpr > cta && cta != kCtaChoices[0]) continue;  // one shape of a CTA wider than asked
       const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
-      const int regs = fwd_row_regs(p, raw, aff == kPreloadAffine, slices > 1);
+      const int scalar = p.vec() == 1 ? raw : 0, layer = p.kind == kLayerNorm ? (slices > 1 ? 2 * raw : raw) : 0;
+      const int regs = 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) +
+                       (aff == kPreloadAffine ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0) + scalar +
+                       (p.quant != 0 ? 8 + scalar : 0);
       const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs);
       if (regs_at(l.threads, blocks) < regs) continue;  // would spill
       for (bool persistent : {false, true}) {
         if (!mode_allows(mode, persistent, true)) continue;
         const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
-        const unsigned flags = kCachedRow | memory_flags(p) | (p.kind == kLayerNorm ? kTwoPassStats : 0u) |
-                               (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
-        const FwdDesign d = slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow;
-        Candidate c = candidate(p, int(d), fwd_family(p.kind), l, l.nv, blocks, fwd_flags(p) | flags, gpu.arch);
-        c.regs = regs;
+        const unsigned flags = fwd_flags(p) | kCachedRow | memory_flags(p) |
+                               (p.kind == kLayerNorm ? kTwoPassStats : 0u) | (keep_gamma ? kKeepGamma : aff) |
+                               (persistent ? kPrefetchNext : 0u);
+        const int d = int(slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow);
+        Candidate& c = add_candidate(out, p, d, fwd_family(p.kind), l, l.nv, blocks, regs, flags, gpu.arch);
         c.knobs.persistent = persistent;
         c.knobs.slices = slices;
-        out.push_back(c);
       }
     }
   }
 }
 
-// Register rows split over 2-16 CTAs; a persistent grid's slices may also
-// meet in global memory, and there stage through a ring in shared memory and
-// collect the statistics one row block late (deferred).
+// Register rows split over 2-16 CTAs; persistent slices may meet in global memory, deferring statistics.
 void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (gpu.arch < 90) return;
   for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
@@ -104,11 +82,9 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
       Candidate& c = out[i];
       slice(c, s);
       c.key.flags &= ~(kL1Allocate | kTwoPassStats);
-      // The exchange through global memory needs whole warps a slice's row.
       if (!c.knobs.persistent || c.key.threads_per_row % 32 != 0) continue;
       const Candidate g = grid_exchange(c);
       out.push_back(g);
-      // Deferred statistics: 16-byte vectors, no residual.
       const int64_t stage = int64_t(g.key.rows_per_cta) * (p.hidden / s) * p.esize();
       if (p.residual || g.key.vec * p.esize() != 16 || kDeferredStages * stage > gpu.smem_per_cta()) continue;
       Candidate d = g;
@@ -123,80 +99,55 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
   }
 }
 
-// A row streamed through registers in chunks of `nv` vectors a thread (held
-// in `smem` bytes of shared memory, or read twice).
-Candidate chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const Layout& l, int nv, unsigned flags,
-                      int64_t smem) {
+// A row streamed in chunks of `nv` vectors a thread (held in `smem`, or read twice).
+Candidate& chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const Layout& l, int nv, unsigned flags,
+                       int64_t smem, std::vector<Candidate>& out) {
   const int regs = 32 + nv * l.vec * p.esize() / 2;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
-  Candidate c = candidate(p, int(d), fwd_family(p.kind), l, nv, blocks, fwd_flags(p) | flags, gpu.arch);
-  c.regs = regs;
+  Candidate& c = add_candidate(out, p, int(d), fwd_family(p.kind), l, nv, blocks, regs, fwd_flags(p) | flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
   return c;
 }
-
 void smem_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (!mode_allows(mode, false, true)) return;
   for (int nv_target : {4, 8, 16}) {
     for (int cta : {256, 512}) {
       const Layout l = layout_of(p, p.hidden, nv_target, cta);
       const int64_t smem = int64_t(l.rows) * p.row_bytes();
-      if (smem > gpu.smem_per_cta()) continue;
       const int nv = std::min(l.nv, nv_target);
-      const unsigned flags = kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu);
-      out.push_back(chunked_row(p, gpu, FwdDesign::kSmemRow, l, nv, flags, smem));
+      if (smem <= gpu.smem_per_cta() && mode_allows(mode, false, true))
+        chunked_row(p, gpu, FwdDesign::kSmemRow, l, nv,
+                    kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu), smem, out);
     }
   }
 }
-
 void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   const Layout l = layout_of(p, p.hidden, kChunkVecs, 256);
-  for (bool persistent : {false, true}) {
-    if (!mode_allows(mode, persistent, false)) continue;
-    Candidate c =
-        chunked_row(p, gpu, FwdDesign::kReloadRow, l, std::min(l.nv, kChunkVecs), memory_flags(p) & ~kL1Allocate, 0);
-    c.knobs.persistent = persistent;
-    out.push_back(c);
-  }
+  for (bool persistent : {false, true})
+    if (mode_allows(mode, persistent, false))
+      chunked_row(p, gpu, FwdDesign::kReloadRow, l, std::min(l.nv, kChunkVecs), memory_flags(p) & ~kL1Allocate, 0, out)
+          .knobs.persistent = persistent;
 }
 
-// Row blocks staged through shared memory in 16-byte pieces of the flat
-// tensor, for widths no 16-byte vector divides: persistent CTAs, a ring of
-// two stages, a thread holding at most 32 elements of a row (and their
-// gamma / beta).
+// flat_row: a thread holds up to 32 elements, a register each with its
+// gamma / beta, LayerNorm's centred value and the residual's operand and sum.
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p) || p.quant != 0 || !mode_allows(mode, true, true)) return;
-  for (int elems : {2, 4, 8, 16, 32}) {
+  const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0);
+  for (int elems : {2, 4, 8, 16, 32})
     for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, p.hidden, std::max(1, elems / p.vec()), cta);
-      if (l.nv * l.vec > elems || (l.tpr > cta && cta != kCtaChoices[0])) continue;
-      const int64_t stage = (p.residual ? 2 : 1) * flat_buffer_elems(l.rows, static_cast<int>(p.hidden), p.esize());
-      // An element's value (a register each, 16-bit ones too), gamma / beta,
-      // LayerNorm's centred value, the residual's operand and sum, and about 40 more.
-      const int regs =
-          40 + l.nv * l.vec * (1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0));
-      const int64_t smem = kFlatStages * stage * p.esize();
-      if (smem > gpu.smem_per_cta()) continue;
-      const int blocks =
-          fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
-      if (regs_at(l.threads, blocks) < regs) continue;  // would spill
-      const unsigned flags = fwd_flags(p) | (memory_flags(p) & kStreamStore);
-      Candidate c = candidate(p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, l.nv, blocks, flags, gpu.arch);
-      if (std::any_of(out.begin(), out.end(), [&](const Candidate& o) { return o.key == c.key; })) continue;
-      c.regs = regs;
-      c.smem = static_cast<size_t>(smem);
-      c.knobs.persistent = true;
-      out.push_back(c);
+      const Layout l = layout_of(p, p.hidden, elems, cta);
+      const int64_t buffers = kFlatStages * (p.residual ? 2 : 1);
+      add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, cta, 40 + l.nv * per_elem,
+               buffers * flat_buffer_elems(l.rows, int(p.hidden), p.esize()) * p.esize(),
+               fwd_flags(p) | (memory_flags(p) & kStreamStore), gpu);
     }
-  }
 }
 
 }  // namespace
 
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   register_rows(p, mode, gpu, 1, out);
-  // Unless `every` (a forced design): shared-memory rows only where registers
-  // cannot hold the row or beside a residual; slices also for fewer rows than SMs.
+  // Unless `every`: shared-memory rows if registers cannot hold a row; slices also for fewer rows than SMs.
   const bool held = !out.empty();
   if (every || !held || p.residual) smem_rows(p, mode, gpu, out);
   if (!p.residual && p.quant == 0 && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))

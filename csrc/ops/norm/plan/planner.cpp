@@ -1,47 +1,68 @@
+// The planner (planner.h), the catalogue's names and knobs, and the designs' shared pieces (designs.h).
 #include "ops/norm/plan/planner.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <iterator>
+#include <sstream>
 #include <string>
 
-#include "ops/norm/plan/designs.h"
-
 namespace rtcnorm {
-
 namespace {
+
+// In Knob order.
+const struct {
+  const char* name;
+  int Knobs::*field;
+} kKnobs[kKnobCount] = {{"vecs_per_thread", &Knobs::vecs_per_thread}, {"cta_threads", &Knobs::cta_threads},
+                        {"blocks_per_sm", &Knobs::blocks_per_sm},     {"slices", &Knobs::slices},
+                        {"ring_stages", &Knobs::ring_stages},         {"persistent", &Knobs::persistent},
+                        {"grid_exchange", &Knobs::grid_exchange}};
+
+constexpr unsigned bit(Knob k) { return 1u << static_cast<int>(k); }
+constexpr unsigned kRowKnobs = bit(Knob::kVecsPerThread) | bit(Knob::kCtaThreads) | bit(Knob::kBlocksPerSm);
+constexpr unsigned kSliceKnobs = kRowKnobs | bit(Knob::kSlices) | bit(Knob::kGridExchange) | bit(Knob::kRingStages);
+// [forward][design], in BwdDesign / FwdDesign order: the name and the declared knobs.
+const struct {
+  const char* name;
+  unsigned knobs;
+} kDesigns[2][kBwdDesignCount] = {{{"register_row", kRowKnobs},
+                                   {"staged_row", kRowKnobs | bit(Knob::kRingStages)},
+                                   {"sliced_row", kSliceKnobs},
+                                   {"split_row", bit(Knob::kVecsPerThread)},
+                                   {"column_grads", kRowKnobs},
+                                   {"flat_row", kRowKnobs}},
+                                  {{"register_row", kRowKnobs | bit(Knob::kPersistent)},
+                                   {"smem_row", kRowKnobs},
+                                   {"sliced_row", kSliceKnobs},
+                                   {"reload_row", kRowKnobs | bit(Knob::kPersistent)},
+                                   {"flat_row", kRowKnobs}}};
 
 NormOverride& override_slot(bool forward) {
   static NormOverride fwd, bwd;
   return forward ? fwd : bwd;
 }
 
-bool matches(const Candidate& c, int design, const Knobs& knobs, unsigned set) {
-  if (design >= 0 && c.design != design) return false;
-  for (int k = 0; k < kKnobCount; ++k)
-    if ((set >> k & 1u) != 0 && c.knobs.get(static_cast<Knob>(k)) != knobs.get(static_cast<Knob>(k))) return false;
-  return true;
-}
-
-// Keeps the candidates an override allows, else the tuned choice; none allowed leaves all (the
-// forced design cannot run this problem, which plans as usual).
+// Keeps the candidates an override (else the tuned choice) allows; none: all.
 void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& cands, PlanTrace& trace) {
-  const NormOverride& o = override_slot(forward);
+  NormOverride o = override_slot(forward);
   const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < design_count(forward);
-  if (!o.any() && !use_tuned) return;
-  const unsigned declared = use_tuned ? declared_knobs(forward, tuned->design) : 0u;
+  if (use_tuned) o = NormOverride{tuned->design, tuned->knobs, declared_knobs(forward, tuned->design)};
+  if (!o.any()) return;
   std::vector<Candidate> kept;
-  for (const Candidate& c : cands)
-    if (use_tuned ? matches(c, tuned->design, tuned->knobs, declared) : matches(c, o.design, o.knobs, o.set))
-      kept.push_back(c);
+  std::copy_if(cands.begin(), cands.end(), std::back_inserter(kept), [&](const Candidate& c) {
+    for (int k = 0; k < kKnobCount; ++k)
+      if ((o.set >> k & 1u) != 0 && c.knobs.get(Knob(k)) != o.knobs.get(Knob(k))) return false;
+    return o.design < 0 || c.design == o.design;
+  });
   if (kept.empty()) return;
   trace.forced = !use_tuned;
   trace.tuned = use_tuned;
   cands.swap(kept);
 }
 
-// Restricts, prices and ranks the candidates and takes the cheapest into
-// `plan` (ties keep the catalogue's order); explaining, traces the cheapest few.
+// Restricts, prices and ranks the candidates (ties in catalogue order); the cheapest fills `plan`.
 template <class Cost>
 const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std::vector<Candidate>& cands,
                       NormPlan& plan, Cost cost) {
@@ -62,7 +83,123 @@ const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std:
   return best;
 }
 
+// explain(): the trace as text, built only on request.
+std::string trace_text(const PlanTrace& t, bool forward) {
+  std::ostringstream os;
+  os.precision(3);
+  if (t.ranked.empty()) return "";
+  for (size_t i = 0; i < t.ranked.size(); ++i) {
+    const Candidate& c = t.ranked[i];
+    os << (i == 0 ? "" : i == 1 ? "; then: " : "; ") << design_name(forward, c.design) << " (";
+    for (int k = 0, shown = 0; k < kKnobCount; ++k)
+      if ((declared_knobs(forward, c.design) >> k & 1u) != 0)
+        os << (shown++ > 0 ? " " : "") << knob_name(Knob(k)) << "=" << c.knobs.get(Knob(k));
+    os << ") " << c.us << " us";
+    if (i == 0)
+      os << ", " << c.bytes / 1e6 << " MB moved at " << int(c.efficiency * 100 + 0.5) << "% of DRAM bandwidth, "
+         << c.in_flight / 1024 << " KB in flight an SM, " << c.regs << " registers a thread";
+  }
+  os << "; " << (forward ? "forward:" : "backward:") << " ranked " << t.considered
+     << " feasible candidates by the cost model";
+  if (t.forced) os << " (restricted by an override)";
+  if (t.tuned) os << " (the measured choice of rtcnorm.tune)";
+  return os.str();
+}
+
 }  // namespace
+
+const char* design_name(bool forward, int design) { return kDesigns[forward][design].name; }
+unsigned declared_knobs(bool forward, int design) { return kDesigns[forward][design].knobs; }
+const char* knob_name(Knob k) { return kKnobs[static_cast<int>(k)].name; }
+int Knobs::get(Knob k) const { return this->*kKnobs[static_cast<int>(k)].field; }
+void Knobs::set(Knob k, int v) { this->*kKnobs[static_cast<int>(k)].field = v; }
+
+jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch) {
+  jit::KernelKey k;
+  k.family = family;
+  k.dtype = p.dtype;
+  k.wdtype = p.has_weight || p.has_bias ? p.wdtype : p.dtype;
+  k.hidden = static_cast<int32_t>(p.hidden);
+  k.arch = static_cast<int16_t>(arch);
+  k.vec = static_cast<int16_t>(p.vec());
+  return k;
+}
+unsigned base_flags(const NormProblem& p) {
+  return (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
+         (p.single_stride ? kSingleStride : 0u);
+}
+Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads) {
+  Layout l;
+  l.vec = p.vec();
+  const int64_t nvec = hidden / l.vec;
+  l.tpr = threads_per_row(nvec, nv_target);
+  l.nv = static_cast<int>(ceil_div(nvec, l.tpr));
+  l.rows = std::max(1, cta_threads / l.tpr);
+  l.threads = l.tpr * l.rows;
+  l.row_blocks = ceil_div(p.rows, l.rows);
+  return l;
+}
+Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+                         const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch) {
+  Candidate& c = out.emplace_back();
+  c.design = design;
+  c.regs = regs;
+  c.knobs.vecs_per_thread = nv;
+  c.knobs.cta_threads = l.threads;
+  c.knobs.blocks_per_sm = blocks;
+  c.row_blocks = l.row_blocks;
+  c.key = norm_key(p, family, arch);
+  c.key.threads_per_row = static_cast<int16_t>(l.tpr);
+  c.key.rows_per_cta = static_cast<int16_t>(l.rows);
+  c.key.vecs_per_thread = static_cast<int16_t>(nv);
+  c.key.flags = flags;
+  c.key.variant = static_cast<int16_t>(blocks);
+  return c;
+}
+void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+              const Layout& l, int elems, int cta, int regs, int64_t smem, unsigned flags, const Gpu& gpu) {
+  if (l.nv > elems || (l.tpr > cta && cta != kCtaChoices[0]) || smem > gpu.smem_per_cta()) return;
+  const int blocks = fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
+  if (regs_at(l.threads, blocks) < regs) return;  // would spill
+  Candidate& c = add_candidate(out, p, design, family, l, l.nv, blocks, regs, flags, gpu.arch);
+  c.smem = static_cast<size_t>(smem);
+  c.knobs.persistent = true;
+  if (std::any_of(out.begin(), out.end() - 1, [&](const Candidate& o) { return o.key == c.key; })) out.pop_back();
+}
+void slice(Candidate& c, int s) {
+  c.key.cluster = static_cast<int16_t>(s);
+  c.key.flags |= s == 16 ? kCluster16 : log2_of_pow2(s) << kClusterShift;
+}
+Candidate grid_exchange(Candidate c) {
+  c.knobs.grid_exchange = true;
+  c.key.flags |= kGridExchange;
+  c.key.cluster = 1;
+  return c;
+}
+int threads_per_row(int64_t nvec, int nv) {
+  const int64_t want = ceil_div(nvec, std::max(1, nv));
+  if (want <= 32) return static_cast<int>(pow2_ceil(want));
+  if (want >= 1024) return 1024;
+  int best = 0;
+  int64_t best_idle = -1;
+  for (int v = std::max(1, nv); v >= std::max(1, nv / 2); --v) {
+    const int64_t t = std::min<int64_t>(1024, ceil_div(ceil_div(nvec, v), 32) * 32);
+    const int64_t idle = t * ceil_div(nvec, t) - nvec;
+    if (best_idle < 0 || idle < best_idle) best = static_cast<int>(t), best_idle = idle;
+  }
+  return best;
+}
+
+// Four register partitions of 16384 take warps round-robin, 8 registers a step, at most 255.
+int regs_at(int threads, int blocks) {
+  const int warps = ((threads + 31) / 32) * std::max(1, blocks);
+  const int per_partition = (warps + 3) / 4;
+  return std::min(255, 16384 / (per_partition * 32) / 8 * 8);
+}
+int blocks_leaving(int threads, int blocks, int need) {
+  while (blocks > 1 && regs_at(threads, blocks) < need) --blocks;
+  return std::max(1, blocks);
+}
 
 const NormOverride& norm_override(bool forward) { return override_slot(forward); }
 void set_norm_override(bool forward, const NormOverride& o) { override_slot(forward) = o; }
@@ -72,14 +209,12 @@ int design_from_name(bool forward, const std::string& name) {
     if (name == design_name(forward, d)) return d;
   return -1;
 }
-
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain,
                           const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
   const bool every = override_slot(true).design >= 0;
-  // A cached mode asked of a row no cached design holds streams it twice; a
-  // mode none of whose designs carries a quantized output's epilogue plans as auto.
+  // A cached mode no cached design holds reads x twice; one with no quantized epilogue plans as auto.
   for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
     if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
   NormFwdPlan plan;
@@ -92,7 +227,6 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                               : NormMode::kMultiWaveReload;
   return plan;
 }
-
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain, const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
@@ -113,5 +247,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
   return plan;
 }
+std::string explain_fwd(const NormFwdPlan& plan) { return trace_text(plan.trace, true); }
+std::string explain_bwd(const NormBwdPlan& plan) { return trace_text(plan.trace, false); }
 
 }  // namespace rtcnorm

@@ -1,6 +1,4 @@
-// The norm planner: enumerate the catalogue's feasible candidates for a
-// problem, rank them with the cost model, pick the cheapest, and return the
-// launch plan (with the ranked trace when explaining). Needs no GPU.
+// The norm planner: the cheapest of the catalogue's feasible candidates as a launch plan. Needs no GPU.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +18,6 @@ struct PlanTrace {
   bool tuned = false;             // a measured choice (rtcnorm.tune) was taken
 };
 constexpr int kTraceLength = 6;
-
 // What a plan of either direction takes from the picked candidate.
 struct NormPlan {
   Knobs knobs;
@@ -30,38 +27,27 @@ struct NormPlan {
   double cost_us = 0;
   PlanTrace trace;  // filled when explaining
 };
-
 struct NormFwdPlan : NormPlan {
   FwdDesign design = FwdDesign::kRegisterRow;
-  NormMode mode = NormMode::kAuto;  // resolved, never kAuto
-  bool persistent = false;
-  bool cached = false;  // x is read once (registers or shared memory)
+  NormMode mode = NormMode::kAuto;          // resolved, never kAuto
+  bool persistent = false, cached = false;  // cached: x is read once (registers or shared memory)
 };
-
 struct NormBwdPlan : NormPlan {
   BwdDesign design = BwdDesign::kRegisterRow;
-  bool cached = false;
-  bool split = false;
+  bool cached = false, split = false;
   jit::KernelKey coef_key;    // the split design's per-row coefficient kernel
   bool programmatic = false;  // kernels after the first launch programmatically (sm_90+)
-  // The persistent grid's units (CTAs, or a row's slices) at most: the
-  // cost model's grid, so that the partial rows it priced are those written.
+  // Persistent units (CTAs or slice groups) at most: the partial rows the cost model priced.
   int64_t max_units = std::numeric_limits<int64_t>::max();
   int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;
 };
-
-// `tuned`: a measured choice for this exact problem, taken where it is
-// feasible and no override is set (else the cost model decides).
+// `tuned`: a measured choice, taken where feasible and no override is set.
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false,
                           const TunedChoice* tuned = nullptr);
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
                           bool explain = false, const TunedChoice* tuned = nullptr);
-
-// Overrides, process-wide (for tuning and tests): force a design of the
-// catalogue, and set knobs that design declares. Problems the forced design
-// cannot run plan as usual. Throws (naming what is valid) on an unknown
-// design, a knob the design does not declare, or a value out of range.
+// Process-wide overrides (tuning, tests): a design and its knobs; problems it cannot run plan as usual.
 struct NormOverride {
   int design = -1;  // FwdDesign / BwdDesign as int; -1: none
   Knobs knobs;
@@ -70,9 +56,8 @@ struct NormOverride {
 };
 void set_norm_override(bool forward, const NormOverride& o);
 const NormOverride& norm_override(bool forward);
-// Parses a design name (FwdDesign or BwdDesign); -1 when unknown.
+// A design's index by name; -1 when unknown.
 int design_from_name(bool forward, const std::string& name);
-
 // explain(): the plan's trace as text (only on request, never on launches).
 std::string explain_fwd(const NormFwdPlan& plan);
 std::string explain_bwd(const NormBwdPlan& plan);

@@ -1,5 +1,4 @@
-// What decides a norm kernel: the problem (op, dtypes, shape, row strides,
-// features) and the GPU's limits. Plain data, no GPU needed.
+// What decides a norm kernel: the problem and the GPU's limits. Plain data, no GPU needed.
 #pragma once
 
 #include <c10/util/string_view.h>
@@ -13,35 +12,22 @@
 
 namespace rtcnorm {
 
-// The forward's user-facing modes. kAuto lets the planner choose; the others
-// restrict it to designs of that kind of grid (see designs.h).
+// The forward's user-facing modes: kAuto, or designs of one kind of grid.
 enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMultiWaveCached };
-
 // Parses the user's mode string; throws naming `op` and listing valid values.
 NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op);
 const char* mode_name(NormMode m);
-
 struct NormProblem {
   NormKind kind = kRmsNorm;
-  jit::DType dtype = jit::DType::kFloat32;
-  jit::DType wdtype = jit::DType::kFloat32;
+  jit::DType dtype = jit::DType::kFloat32, wdtype = jit::DType::kFloat32;
   int64_t rows = 0;    // M
   int64_t hidden = 0;  // N
   int max_vec = 1;     // widest access every pointer and stride allows (elements)
-  bool has_weight = false;
-  bool has_bias = false;
-  bool zero_centered = false;
-  bool residual = false;
-  // Every row map the kernel reads (x; in the forward also the residual)
-  // has one group: row r starts at r * stride (RowMap::inner_rows >= rows).
+  bool has_weight = false, has_bias = false, zero_centered = false, residual = false;
+  // Every row map read (x; forward: also the residual) starts row r at r * stride.
   bool single_stride = true;
-  // Every row tensor is contiguous rows (row r at r * N) from a 16-byte
-  // aligned base: one flat array, which flat_row reads in 16-byte pieces.
-  bool flat = false;
-  // Forward only: the output epilogue, kQuantBits | kBlockedScales of the
-  // kernel's flag word (0: y in the input dtype); quant::Recipe codes.
-  unsigned quant = 0;
-
+  bool flat = false;   // rows contiguous from a 16-byte aligned base: one flat array (flat_row)
+  unsigned quant = 0;  // forward: kQuantBits | kBlockedScales of the flag word (0: y in the input dtype)
   int esize() const { return jit::element_size(dtype); }
   int wsize() const { return jit::element_size(wdtype); }
   int affine_tensors() const { return int(has_weight) + int(has_bias); }
@@ -51,20 +37,14 @@ struct NormProblem {
   int64_t row_bytes() const { return hidden * esize(); }
   unsigned recipe() const { return (quant & kQuantBits) >> kQuantShift; }
 };
-
-// What the backward computes besides dx.
+// What the backward computes besides dx (dh: the residual sum's incoming gradient, added to dx).
 struct BwdWants {
-  bool dw = false;  // the weight's gradient
-  bool db = false;  // the bias's gradient
-  bool dh = false;  // an incoming gradient of the residual sum h, added to dx
+  bool dw = false, db = false, dh = false;
   int accums() const { return int(dw) + int(db); }
 };
-
-// The device's limits that plans depend on. A fixed table by arch keeps plans
-// (and kernel keys) identical between a GPU-less precompile and the device.
+// The device's limits, fixed by arch: a GPU-less precompile plans as the device does.
 struct Gpu {
-  int sm_count = 132;
-  int arch = 90;
+  int sm_count = 132, arch = 90;
   int64_t smem_per_cta() const { return max_smem_per_block(arch); }
   // CTAs of one thread-block cluster: 8 portable, 16 with sm_90's opt-in.
   int max_cluster() const { return arch < 90 ? 1 : arch == 90 ? 16 : 8; }
