@@ -291,7 +291,8 @@ def test_plans_carry_or_refuse_a_recipe():
     assert gated_plan("bfloat16", 50, 25, "mxfp8", E4M3, "plain") is None  # a block straddles two groups
     assert gated_plan("bfloat16", 50, 50, "nvfp4", FP4, "blocked") is not None  # one group: a partial last block
     assert gated_plan("bfloat16", 48, 16, "nvfp4", FP4, "plain") is not None
-    assert gated_plan("bfloat16", 48, 16, "per_token", E4M3, "plain") is None  # 3 lanes a row: no lane group
+    assert gated_plan("bfloat16", 48, 16, "per_token", E4M3, "plain")["kernel"].split(", ")[5] == "96"  # whole warps
+    assert gated_plan("bfloat16", 272, 16, "per_token", E4M3, "plain") is None  # 17 groups: no whole warps in 512
     assert gated_plan("bfloat16", 4096, 1024, "per_token", E4M3, "plain") is not None
     flags = int(gated_plan("float16", 4096, 4096, "nvfp4", FP4, "blocked")["kernel"].split(", ")[-1].rstrip("u>"))
     assert flags >> QUANT_SHIFT == (6 | 8)

@@ -98,11 +98,15 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   int64_t tpr = 1;
   while ((tpr < min_tpr || ceil_div(sv, tpr) > target) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
   if (tpr < min_tpr) return std::nullopt;
+  if (quant::per_token(recipe)) {
+    const auto lane_group = [s](int64_t t) { return t * s % 32 == 0 || (t * s < 32 && (t * s & (t * s - 1)) == 0); };
+    while (!lane_group(tpr) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
+    if (!lane_group(tpr)) return std::nullopt;
+  }
   const int64_t nv = ceil_div(sv, tpr);
   const int64_t max_elems = (backward ? kBwdMaxElems : kFwdMaxElems) / (esize == 4 ? 2 : 1);
   if (nv * vec > max_elems) return std::nullopt;
   const int64_t rt = tpr * s;
-  if (quant::per_token(recipe) && rt % 32 != 0 && (rt > 32 || (rt & (rt - 1)) != 0)) return std::nullopt;
   int64_t rows = 1;
   while ((rt * rows < kMinThreads || rt * rows % 32 != 0) && rt * rows <= kMaxThreads) ++rows;
   if (rt * rows > kMaxThreads) return std::nullopt;
