@@ -30,6 +30,12 @@ TORCH_LIBRARY(rtcnorm, m) {
   m.def(
       "rms_norm_gated_backward(Tensor grad_out, Tensor input, Tensor gate, Tensor rstd, Tensor? weight, "
       "bool norm_before_gate, int? group_size, str activation, bool weight_grad) -> (Tensor, Tensor, Tensor)");
+  // The gated forward with a quantized output (norm_quant's recipes and
+  // scale layouts); returns (data, dequant scales, amax of y or empty, rstd).
+  m.def(
+      "rms_norm_gated_quant(Tensor input, Tensor gate, Tensor? weight, float? eps, bool norm_before_gate, "
+      "int? group_size, str activation, str recipe, ScalarType out_dtype, Tensor? scale=None, "
+      "str scale_layout=\"plain\") -> (Tensor, Tensor, Tensor, Tensor)");
 
   // ---- LayerNorm ----
   m.def(

@@ -31,13 +31,23 @@ void check_backward(const at::Tensor& grad_out, const at::Tensor& input, const a
   check_gated_backward(grad_out, input, gate, rstd, weight, group_size, activation, cuda.value_or(input.is_cuda()));
 }
 
+// Fake tensors have no value: a CPU scale's is the real op's to check.
+void check_quant(const at::Tensor& input, const at::Tensor& gate, const OptTensor& weight, std::optional<double> eps,
+                 std::optional<c10::SymInt> group_size, const std::string& activation, const std::string& recipe,
+                 at::ScalarType out_dtype, const OptTensor& scale, const std::string& scale_layout,
+                 std::optional<bool> cuda) {
+  check_gated_quant(input, gate, weight, eps, group_size, activation, recipe, out_dtype, scale, scale_layout,
+                    cuda.value_or(input.is_cuda()), /*scale_value=*/false);
+}
+
 // The kernels a problem plans (None: the ATen composite path), with ptxas'
 // report when `resources` (compiled for `arch`, no GPU needed). `compile`:
 // also build the images a launch on an `arch` device loads (both kernels
 // and, with a weight, the dW column reduce) into the in-process and disk
 // caches, with the GIL released, so that callers may warm them in parallel.
+// `quant`: the forward's quantized-output flags (QuantSpec::flags()).
 py::dict plan(const std::string& dtype, const std::string& wdtype, int64_t hidden, int64_t group, bool has_weight,
-              bool norm_first, bool sigmoid, int arch, bool resources, bool compile) {
+              bool norm_first, bool sigmoid, int arch, bool resources, bool compile, unsigned quant) {
   if (hidden < 1 || group < 1 || hidden % group != 0)
     throw py::value_error("rtcnorm: needs hidden >= 1 and a group size dividing it");
   GatedProblem p;
@@ -48,6 +58,7 @@ py::dict plan(const std::string& dtype, const std::string& wdtype, int64_t hidde
   p.has_weight = has_weight;
   p.norm_first = norm_first;
   p.sigmoid = sigmoid;
+  p.quant = quant;
   py::dict out;
   for (const char* dir : {"forward", "backward"}) {
     const bool bwd = std::string(dir) == "backward";
@@ -83,7 +94,10 @@ void bind_gated(py::module_& m, py::object (*ptxas)(const jit::KernelKey&)) {
         py::arg("activation"), py::arg("cuda") = py::none());
   m.def("_gated_plan", &plan, py::arg("dtype"), py::arg("wdtype"), py::arg("hidden"), py::arg("group"),
         py::arg("has_weight"), py::arg("norm_first"), py::arg("sigmoid"), py::arg("arch"), py::arg("resources") = false,
-        py::arg("compile") = false);
+        py::arg("compile") = false, py::arg("quant") = 0u);
+  m.def("_check_rms_norm_gated_quant", torch::wrap_pybind_function(check_quant), py::arg("input"), py::arg("gate"),
+        py::arg("weight"), py::arg("eps"), py::arg("group_size"), py::arg("activation"), py::arg("recipe"),
+        py::arg("out_dtype"), py::arg("scale"), py::arg("scale_layout"), py::arg("cuda") = py::none());
 }
 
 }  // namespace rtcnorm

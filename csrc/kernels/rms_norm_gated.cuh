@@ -28,6 +28,7 @@
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "norm/gated_params.cuh"
+#include "norm/quant_epilogue.cuh"
 
 namespace rtcnorm {
 
@@ -87,6 +88,14 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
   constexpr bool kEven = kSv % (kTpr * NV) == 0;
   constexpr bool kFirst = (FLAGS & kGatedNormFirst) != 0;
   static_assert(G % VEC == 0 && kSv <= kTpr * NV, "a segment is one chunk of whole vectors");
+  // Quantized outputs: a block lies within one segment, on kLanes lanes of
+  // its group; a per-token row's amax is reduced over its RT threads.
+  using Quant = QuantEpilogue<T, N, VEC, kTpr, FLAGS, GatedFwdParams>;
+  static_assert(Quant::kBlock == 0 || (kTpr >= Quant::kLanes && (kS == 1 || G % Quant::kBlock == 0)),
+                "a quantization block lies in one segment, on lanes of its group");
+  static_assert(!Quant::kRowAmax || quant::per_token(Quant::kRecipe), "block scales come from the block's lanes");
+  static_assert(!quant::per_token(Quant::kRecipe) || (RT % 32 == 0 || (RT < 32 && (RT & (RT - 1)) == 0)),
+                "a per-token row is whole warps or a power-of-two lane group");
   __shared__ GroupScratch<kTpr, ROWS * kS, Sum1> scratch;
   const int seg_slot = threadIdx.x / kTpr;
   const int lane = threadIdx.x % kTpr;
@@ -96,6 +105,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
   const T* z = static_cast<const T*>(p.z);
   T* y = static_cast<T*>(p.y);
   constexpr float kInvG = 1.f / static_cast<float>(G);
+  Quant quant_out(p);
 
   for (long long rb = blockIdx.x; rb < p.row_blocks; rb += gridDim.x) {
     const long long row = rb * ROWS + slot;
@@ -120,21 +130,51 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
     s = group_allreduce<kTpr, ROWS * kS>(s, scratch);
     const float rstd = rsqrtf(s.a * kInvG + p.eps);
     if (row_ok && lane == 0) p.rstd[row * kS + seg] = rstd;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int v = i * kTpr + lane;
-      if (!row_ok || !(kEven || v < kSv)) continue;
+    // Vector i's outputs in fp32.
+    auto output = [&](int i, int v, float(&out)[VEC]) {
       float w[VEC];
       gated_weight<W, VEC, FLAGS>(p.weight, col0 + 1LL * v * VEC, w);
-      float out[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float n = (kFirst ? elem_float(xv[i], j) : h[i][j]) * rstd;
         out[j] = kFirst ? n * w[j] * post[i][j] : n * w[j];
       }
-      store<T, VEC>(y, row * N + col0 + 1LL * v * VEC, from_floats<T, VEC>(out));
+    };
+    float row_value = 0.f;  // per-token: the row's multiplier
+    if constexpr (Quant::kRowAmax) {
+      float a = 0.f;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = i * kTpr + lane;
+        if (!row_ok || !(kEven || v < kSv)) continue;
+        float out[VEC];
+        output(i, v, out);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
+      }
+      __shared__ GroupScratch<RT, ROWS, Max1> qscratch;
+      a = group_allreduce<RT, ROWS>(Max1{a}, qscratch).a;
+      row_value = Quant::token_multiplier(p, row, a, row_ok && seg == 0 && lane == 0);
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * kTpr + lane;
+      const bool ok = row_ok && (kEven || v < kSv);
+      float out[VEC];
+      if constexpr (Quant::kRecipe == 0) {
+        if (!ok) continue;
+        output(i, v, out);
+        store<T, VEC>(y, row * N + col0 + 1LL * v * VEC, from_floats<T, VEC>(out));
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = 0.f;
+        if (ok) output(i, v, out);
+        // v of the whole row: the segment's first vector is seg * kSv.
+        quant_out.template emit<false>(p, row, seg * kSv + v, lane, ok, out, row_value);
+      }
     }
   }
+  if constexpr (Quant::kRecipe != 0) quant_out.finish(p);
 }
 
 // One element's backward terms. With a = act(z), n = h * rstd, wdy = w * dy:

@@ -31,22 +31,27 @@ def _forward(input, residual, weight, bias, norm, shape, eps, quant, mode, zero_
         input, residual, shape, weight, bias, eps, norm, quant.recipe, quant.dtype, scale, quant.layout,
         zero_centered_gamma, mode,
     )  # fmt: skip
+    return quantized_tensor(data, scales, amax, quant, scale, input, math.prod(shape)), h, mean, rstd
+
+
+def quantized_tensor(data, scales, amax, quant, scale, input, n) -> QuantizedTensor:
+    """The QuantizedTensor of an op's (data, scales, amax) for ``input``'s
+    rows of ``n`` elements; ``scale``: the tensor the op was given."""
     global_scale = None
     if quant.recipe == "nvfp4":
         # A copy: the caller may update its scale in place before this output is used.
         global_scale = scale.detach().reshape(()).clone()
-    qt = QuantizedTensor(
+    return QuantizedTensor(
         data,
         scales,
         amax,
         recipe=quant.recipe,
         scale_layout=quant.layout,
         orig_dtype=input.dtype,
-        n=math.prod(shape),
+        n=n,
         shape=input.shape,
         global_scale=global_scale,
     )
-    return qt, h, mean, rstd
 
 
 class _NormQuantFn(torch.autograd.Function):
@@ -73,7 +78,7 @@ class _NormQuantFn(torch.autograd.Function):
         if torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (grad_y, grad_h, x, weight, bias)
         ):
-            return _raise_if_differentiated(grads, ctx.norm)
+            return raise_if_differentiated(grads, ctx.norm)
         return grads
 
 
@@ -96,7 +101,7 @@ def _backward(ctx, grad_y, grad_h, x, weight, bias, mean, rstd):
     return dx, dres, dw if want_w else None, db, None, None, None, None, None, None
 
 
-def _raise_if_differentiated(grads, norm):
+def raise_if_differentiated(grads, norm):
     """The gradients, each behind a node that raises if a second backward
     reaches it (create_graph=True): without it they would carry no history
     through rstd and mean, and a second derivative would be silently wrong."""
@@ -114,7 +119,7 @@ def _raise_if_differentiated(grads, norm):
     return tuple(out)
 
 
-def _needs_node(*tensors) -> bool:
+def needs_node(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -123,7 +128,7 @@ def norm_quant(norm, input, shape, weight, bias, eps, quant, *, residual, mode, 
     or (QuantizedTensor, h) with a residual. ``shape`` is a tuple of ints."""
     if not isinstance(quant, Quant):
         raise TypeError(f"rtcnorm.{norm}: quant must be an rtcnorm.Quant or None, got {type(quant).__name__}")
-    if _needs_node(input, residual, weight, bias):
+    if needs_node(input, residual, weight, bias):
         qt, h = _NormQuantFn.apply(input, residual, weight, bias, norm, shape, eps, quant, mode, zero_centered_gamma)
     else:
         qt, h, _, _ = _forward(input, residual, weight, bias, norm, shape, eps, quant, mode, zero_centered_gamma)

@@ -109,6 +109,16 @@ def _norm_quant_fake(
     )
     lead = _lead_shape(input, normalized_shape)
     n = functools.reduce(operator.mul, normalized_shape, 1)
+    data, scales, amax = quant_outputs_fake(input, lead, n, recipe, out_dtype, scale_layout)
+    f32 = torch.float32
+    h = _empty_like(input) if residual is not None else input.new_empty((0,))
+    mean = input.new_empty(lead if norm == "layer_norm" else (0,), dtype=f32)
+    return data, scales, amax, h, mean, input.new_empty(lead, dtype=f32)
+
+
+def quant_outputs_fake(input, lead, n, recipe, out_dtype, scale_layout):
+    """(data, scales, amax) of a quantized output over rows ``lead`` of ``n``
+    elements, as ops/norm/quant.cpp's quant_outputs allocates them."""
     rows = functools.reduce(operator.mul, lead, 1)
     f32 = torch.float32
     if recipe == "nvfp4":
@@ -127,6 +137,4 @@ def _norm_quant_fake(
         else:
             scales = input.new_empty((((rows + 127) // 128) * 128 * (((blocks + 3) // 4) * 4),), dtype=sdtype)
     amax = input.new_empty(() if recipe in ("per_tensor", "nvfp4") else (0,), dtype=f32)
-    h = _empty_like(input) if residual is not None else input.new_empty((0,))
-    mean = input.new_empty(lead if norm == "layer_norm" else (0,), dtype=f32)
-    return data, scales, amax, h, mean, input.new_empty(lead, dtype=f32)
+    return data, scales, amax

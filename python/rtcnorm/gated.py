@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from ._gated_quant import gated_quant  # also registers rms_norm_gated_quant's fake impl
+from .quantized import Quant
 
 _FWD = torch.ops.rtcnorm.rms_norm_gated.default
 _BWD = torch.ops.rtcnorm.rms_norm_gated_backward.default
@@ -89,6 +91,7 @@ def rms_norm_gated(
     norm_before_gate: bool = True,
     group_size: int | None = None,
     activation: str = "silu",
+    quant: Quant | None = None,
 ) -> torch.Tensor:
     """Gated RMSNorm over the last dim of ``x``, gated by ``z`` (same shape and dtype).
 
@@ -97,5 +100,12 @@ def rms_norm_gated(
     divisor G of N; the RMS is taken within each group of G consecutive
     columns. ``activation``: "silu" or "sigmoid". Math in float32, the output
     in ``x``'s dtype; differentiable in ``x``, ``z`` and ``weight``.
+
+    With ``quant`` (an :class:`rtcnorm.Quant`), the output is an
+    :class:`rtcnorm.QuantizedTensor` of the fp32 gated output, as
+    ``rms_norm(..., quant=)`` gives; its gradient is taken straight through,
+    as if it had not been quantized (docs/quantized_outputs.md).
     """
+    if quant is not None:
+        return gated_quant(x, z, weight, eps, norm_before_gate, group_size, activation, quant)
     return _FWD(x, z, weight, eps, norm_before_gate, group_size, activation)[0]

@@ -268,8 +268,12 @@ class RMSNormGated(nn.Module):
             ``y = norm(x * act(z)) * w``.
         activation: "silu" or "sigmoid".
         elementwise_affine: learn a ``weight`` of N elements (ones at start).
+        quant: an :class:`rtcnorm.Quant`: ``forward(x, z)`` returns the
+            gated output as a :class:`rtcnorm.QuantizedTensor` (as
+            :class:`RMSNorm` does with ``quant``).
 
-    ``z=None`` normalizes without a gate (per group), as Mamba2's module does.
+    ``z=None`` normalizes without a gate (per group), as Mamba2's module does;
+    it is never quantized.
     """
 
     def __init__(
@@ -282,8 +286,11 @@ class RMSNormGated(nn.Module):
         elementwise_affine: bool = True,
         device=None,
         dtype=None,
+        *,
+        quant: Quant | None = None,
     ) -> None:
         super().__init__()
+        self.quant = _checked_quant(quant, "RMSNormGated")
         self.hidden_size = int(hidden_size)
         self.eps = eps
         self.group_size = group_size
@@ -310,6 +317,7 @@ class RMSNormGated(nn.Module):
                 norm_before_gate=self.norm_before_gate,
                 group_size=self.group_size,
                 activation=self.activation,
+                quant=_checked_quant(self.quant, "RMSNormGated"),
             )
         g = self.group_size or x.shape[-1]
         y = RMS_NORM(x.unflatten(-1, (x.shape[-1] // g, g)), (g,), None, self.eps)[0].flatten(-2)
@@ -319,4 +327,4 @@ class RMSNormGated(nn.Module):
         return (
             f"{self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
             f"norm_before_gate={self.norm_before_gate}, activation={self.activation!r}"
-        )
+        ) + (f", quant={self.quant}" if self.quant is not None else "")

@@ -11,7 +11,8 @@
 
 namespace rtcnorm {
 
-// Template flag bits of the gated kernels (KernelKey::flags).
+// Template flag bits of the gated kernels (KernelKey::flags); the forward
+// also takes params.cuh's kQuantBits and kBlockedScales (bits 25 to 28).
 enum GatedFlags : unsigned {
   kGatedWeight = 1u << 0,     // y is scaled by weight (else by 1)
   kGatedNormFirst = 1u << 1,  // norm_before_gate: y = norm(x) * act(z); else y = norm(x * act(z))
@@ -27,9 +28,17 @@ struct GatedFwdParams {
   long long rows;
   long long row_blocks;  // ceil(rows / ROWS)
   const void* weight;    // N elements, when kGatedWeight
-  void* y;
+  void* y;               // y in T, or its codes with a recipe in kQuantBits (params.cuh)
   float* rstd;
   float eps;
+  // Quantized outputs, as NormFwdParams' members of the same names
+  // (norm/quant_epilogue.cuh): dequant scales, the tensor's amax (zeroed
+  // by the host), the quantize / global scale, the scale matrix's pitch.
+  int scale_cols;
+  void* scales;
+  float* amax;
+  const float* qscale_ptr;
+  float qscale;
   int pad;
 };
 

@@ -3,7 +3,8 @@
 // block recipes, its lanes agree on the block's scale. Recipes and their
 // arithmetic: common/quant_math.cuh and docs/quantized_outputs.md.
 //
-// Invariants (the planner's feasibility guarantees them, ops/norm/plan):
+// Invariants (the planner's feasibility guarantees them, ops/norm/plan;
+// gated_key for the gated forward, ops/norm/gated_cuda.cpp):
 // - One CTA (group) owns a whole row: no column slices.
 // - A block of kBlock elements is kBlock / VEC vectors on as many adjacent
 //   lanes of one row group (TPR >= kLanes, both powers of two or TPR a
@@ -105,7 +106,9 @@ __device__ __forceinline__ Pack<unsigned char, VEC> fp8_pack(const float (&f)[VE
   return q;
 }
 
-template <typename T, int N, int VEC, int TPR, unsigned FLAGS>
+// P: the kernel's parameter block; it names the members read here (y,
+// scales, amax, qscale_ptr, qscale, scale_cols) as NormFwdParams does.
+template <typename T, int N, int VEC, int TPR, unsigned FLAGS, typename P = NormFwdParams>
 struct QuantEpilogue {
   static constexpr unsigned kRecipe = quant_recipe<FLAGS>();
   static constexpr int kBlock = quant::block_of(kRecipe);
@@ -121,14 +124,14 @@ struct QuantEpilogue {
   float tensor_amax = 0.f;  // this thread's max |y| (NaN ignored)
   float qscale = 1.f;       // the per-tensor or global scale
 
-  __device__ __forceinline__ explicit QuantEpilogue(const NormFwdParams& p) {
+  __device__ __forceinline__ explicit QuantEpilogue(const P& p) {
     if constexpr (quant::per_tensor(kRecipe) || kRecipe == quant::kNvfp4)
       qscale = p.qscale_ptr != nullptr ? *p.qscale_ptr : p.qscale;
   }
 
   // The multiplier of a per-token row (and its dequant scale, written by the
   // row's first lane), from the row's amax.
-  __device__ static float token_multiplier(const NormFwdParams& p, long long row, float amax, bool writer) {
+  __device__ static float token_multiplier(const P& p, long long row, float amax, bool writer) {
     constexpr float kMax = quant::fp8_max(quant::e5m2(kRecipe));
     if (writer) static_cast<float*>(p.scales)[row] = amax > 0.f ? amax / kMax : 1.f;
     return amax > 0.f ? kMax / amax : 1.f;
@@ -136,14 +139,13 @@ struct QuantEpilogue {
 
   // The row's part of its scales' offsets: computed outside the writers'
   // branch, it is shared by every vector of the row.
-  __device__ __forceinline__ static long long scale_row(const NormFwdParams& p, long long row) {
+  __device__ __forceinline__ static long long scale_row(const P& p, long long row) {
     return (FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_row(row, p.scale_cols) : row * p.scale_cols;
   }
 
   // A predicated store: its address stays in the path every lane runs, so
   // the row's part is computed once, not in each vector's branch.
-  __device__ __forceinline__ static void scale_store(const NormFwdParams& p, long long srow, int blk, unsigned code,
-                                                     bool writer) {
+  __device__ __forceinline__ static void scale_store(const P& p, long long srow, int blk, unsigned code, bool writer) {
     // blk < 2^20: its part fits an int.
     unsigned char* at = static_cast<unsigned char*>(p.scales) + srow +
                         ((FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_col(blk) : blk);
@@ -155,8 +157,8 @@ struct QuantEpilogue {
   // Vector v of row `row` (ok: it exists), its outputs in f. row_value: the
   // per-token multiplier, or the row's amax for a one-block row.
   template <bool CS>
-  __device__ __forceinline__ void emit(const NormFwdParams& p, long long row, int v, int lane, bool ok,
-                                       const float (&f)[VEC], float row_value) {
+  __device__ __forceinline__ void emit(const P& p, long long row, int v, int lane, bool ok, const float (&f)[VEC],
+                                       float row_value) {
     float a = 0.f;
     if (ok) {
 #pragma unroll
@@ -220,7 +222,7 @@ struct QuantEpilogue {
 
   // After the grid-stride loop, every thread of the CTA: the CTA's amax
   // joins the tensor's (non-negative floats order as their bits).
-  __device__ __forceinline__ void finish(const NormFwdParams& p) {
+  __device__ __forceinline__ void finish(const P& p) {
     if constexpr (kTensorAmax) {
       __shared__ float warp_max[32];
       float a = tensor_amax;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "jit/kernel_key.h"
+#include "ops/norm/quant.h"
 
 namespace rtcnorm {
 
@@ -36,6 +37,13 @@ void check_gated_forward(const at::Tensor& input, const at::Tensor& gate, const 
 void check_gated_backward(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& gate,
                           const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
                           std::optional<c10::SymInt> group_size, c10::string_view activation, bool cuda);
+// A rms_norm_gated_quant call: the forward's checks, then norm_quant's
+// quantization arguments (check_quant_args, same messages).
+QuantSpec check_gated_quant(const at::Tensor& input, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
+                            std::optional<double> eps, std::optional<c10::SymInt> group_size,
+                            c10::string_view activation, c10::string_view recipe, at::ScalarType out_dtype,
+                            const std::optional<at::Tensor>& scale, c10::string_view scale_layout, bool cuda,
+                            bool scale_value);
 // The dims of a checked call.
 GatedArgs gated_args(const at::Tensor& input, std::optional<int64_t> group_size, c10::string_view activation);
 // lead dims + (N / G,).
@@ -50,8 +58,9 @@ struct GatedBwdOut {
 
 // ATen composite paths: the CPU implementation, and the CUDA fallback for
 // shapes no kernel plan covers. Math in fp32 (fp64 for fp64 input).
+// keep_float: y stays in the math dtype (the quantized path's input).
 GatedFwdOut gated_forward_ref(const at::Tensor& x, const at::Tensor& z, const std::optional<at::Tensor>& weight,
-                              double eps, bool norm_first, const GatedArgs& a);
+                              double eps, bool norm_first, const GatedArgs& a, bool keep_float = false);
 GatedBwdOut gated_backward_ref(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& z, const at::Tensor& rstd,
                                const std::optional<at::Tensor>& weight, bool norm_first, bool want_dw,
                                const GatedArgs& a);
@@ -68,11 +77,26 @@ struct GatedProblem {
   bool norm_first = true;
   bool sigmoid = false;
   int max_vec = 16;
+  unsigned quant = 0;  // forward: QuantSpec::flags() of a quantized output
 };
 std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bool want_dw, int arch);
 
 GatedFwdOut gated_forward_cuda(const at::Tensor& x, const at::Tensor& z, const std::optional<at::Tensor>& weight,
                                double eps, bool norm_first, const GatedArgs& a);
+// The quantized forward's kernel outputs (ops/norm/quant.h: quant_outputs
+// allocates them; scale_ptr, a device scalar, else scale).
+struct GatedQuantLaunch {
+  unsigned flags = 0;
+  at::Tensor data, scales, amax;
+  const float* scale_ptr = nullptr;
+  float scale = 1.f;
+  int64_t scale_cols = 0;
+};
+// Writes the quantized y into q and returns rstd; std::nullopt where no
+// kernel plan carries the recipe on this shape (the caller falls back).
+std::optional<at::Tensor> gated_quant_forward_cuda(const at::Tensor& x, const at::Tensor& z,
+                                                   const std::optional<at::Tensor>& weight, double eps, bool norm_first,
+                                                   const GatedArgs& a, const GatedQuantLaunch& q);
 GatedBwdOut gated_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& z, const at::Tensor& rstd,
                                 const std::optional<at::Tensor>& weight, bool norm_first, bool want_dw,
                                 const GatedArgs& a);

@@ -34,7 +34,7 @@ at::Tensor activation(const at::Tensor& zf, bool sigmoid, at::Tensor* dact) {
 }  // namespace
 
 GatedFwdOut gated_forward_ref(const at::Tensor& x, const at::Tensor& z, const std::optional<at::Tensor>& weight,
-                              double eps, bool norm_first, const GatedArgs& a) {
+                              double eps, bool norm_first, const GatedArgs& a, bool keep_float) {
   const at::ScalarType acc = stat_dtype(x);
   const at::Tensor xf = x.to(acc);
   const at::Tensor act = activation(z.to(acc), a.sigmoid, nullptr);
@@ -43,7 +43,7 @@ GatedFwdOut gated_forward_ref(const at::Tensor& x, const at::Tensor& z, const st
   at::Tensor y = (h * rstd).reshape(x.sizes());
   if (weight.has_value()) y = y * weight->to(acc);
   if (norm_first) y = y * act;
-  return {y.to(x.scalar_type()).contiguous(), rstd.squeeze(-1).contiguous()};
+  return {(keep_float ? y : y.to(x.scalar_type())).contiguous(), rstd.squeeze(-1).contiguous()};
 }
 
 GatedBwdOut gated_backward_ref(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& z, const at::Tensor& rstd,

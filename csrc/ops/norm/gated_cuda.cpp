@@ -12,6 +12,8 @@
 #include <string>
 
 #include "jit/kernel_cache.h"
+#include "kernels/common/params.cuh"
+#include "kernels/common/quant_math.cuh"
 #include "kernels/norm/gated_params.cuh"
 #include "ops/norm/gated.h"
 #include "ops/norm/kernel_families.h"
@@ -22,7 +24,7 @@
 namespace rtcnorm {
 namespace {
 
-static_assert(sizeof(GatedFwdParams) == 80 && sizeof(GatedBwdParams) == 96, "gated params layout");
+static_assert(sizeof(GatedFwdParams) == 112 && sizeof(GatedBwdParams) == 96, "gated params layout");
 
 // KernelKey: hidden = N, variant = S (segments of a row; G = N / S),
 // threads_per_row = threads of a row slot, rows_per_cta = row slots.
@@ -82,8 +84,25 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   const int64_t sv = p.group / vec;  // vectors of a segment
   const int64_t s = p.hidden / p.group;
   if (s > kMaxThreads) return std::nullopt;
+  // A quantized forward (quant_epilogue.cuh): a block lies within one
+  // segment, its vectors on lanes of one group; a per-token row's amax is
+  // reduced over whole warps or a power-of-two lane group.
+  const unsigned qflags = backward ? 0u : p.quant;
+  const unsigned recipe = (qflags & kQuantBits) >> kQuantShift;
+  const int block = quant::block_of(recipe);
+  if (block > 0 && s > 1 && p.group % block != 0) return std::nullopt;
+  // Block recipes take half the vectors a thread: with four 8-wide vectors
+  // (RT 128) sm_80's software conversions spilled a few bytes.
+  const int64_t min_tpr = block > 0 ? block / vec : 1;
+  const int64_t target = block > 0 ? kTargetVecs / 2 : kTargetVecs;
   int64_t tpr = 1;
-  while (ceil_div(sv, tpr) > kTargetVecs && tpr * 2 * s <= kMaxThreads) tpr *= 2;
+  while ((tpr < min_tpr || ceil_div(sv, tpr) > target) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
+  if (tpr < min_tpr) return std::nullopt;
+  if (quant::per_token(recipe)) {
+    const auto lane_group = [s](int64_t t) { return t * s % 32 == 0 || (t * s < 32 && (t * s & (t * s - 1)) == 0); };
+    while (!lane_group(tpr) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
+    if (!lane_group(tpr)) return std::nullopt;
+  }
   const int64_t nv = ceil_div(sv, tpr);
   const int64_t max_elems = (backward ? kBwdMaxElems : kFwdMaxElems) / (esize == 4 ? 2 : 1);
   if (nv * vec > max_elems) return std::nullopt;
@@ -103,7 +122,7 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   k.rows_per_cta = static_cast<int16_t>(rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
   k.flags = (p.has_weight ? kGatedWeight : 0u) | (p.norm_first ? kGatedNormFirst : 0u) |
-            (p.sigmoid ? kGatedSigmoid : 0u) | (backward && want_dw && p.has_weight ? kGatedWantDw : 0u);
+            (p.sigmoid ? kGatedSigmoid : 0u) | (backward && want_dw && p.has_weight ? kGatedWantDw : 0u) | qflags;
   k.arch = static_cast<int16_t>(arch);
   return k;
 }
@@ -130,13 +149,13 @@ int vec_of(int v, const at::Tensor& t, int64_t stride) {
 
 }  // namespace
 
-GatedFwdOut gated_forward_cuda(const at::Tensor& input, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
-                               double eps, bool norm_first, const GatedArgs& a) {
-  c10::DeviceGuard guard(input.device());
-  if (a.rows == 0) {
-    return {at::empty(input.sizes(), input.options()),
-            at::empty(gated_stat_shape(input, a), input.options().dtype(at::kFloat))};
-  }
+namespace {
+
+// The planned forward kernel into y (or q's outputs), and rstd; false where
+// no plan covers the problem.
+bool launch_forward(const at::Tensor& input, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
+                    double eps, bool norm_first, const GatedArgs& a, const at::Tensor& y, const at::Tensor& rstd,
+                    const GatedQuantLaunch* q) {
   const auto [x, xs] = row_strided(input, a.hidden);
   const auto [z, zs] = row_strided(gate, a.hidden);
   const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
@@ -144,13 +163,12 @@ GatedFwdOut gated_forward_cuda(const at::Tensor& input, const at::Tensor& gate, 
   int v = vec_of(vec_of(16, x, xs), z, zs);
   if (w.defined()) v = vec_of(v, w, 0);
   p.max_vec = v;
+  p.quant = q != nullptr ? q->flags : 0u;
   const int dev = check_device_arch(input, "rms_norm_gated");
   const auto& info = jit::device_info(dev);
   const auto key = gated_key(p, false, false, info.arch);
-  if (!key.has_value()) return gated_forward_ref(input, gate, weight, eps, norm_first, a);
+  if (!key.has_value()) return false;
 
-  GatedFwdOut out{at::empty(input.sizes(), input.options()),
-                  at::empty(gated_stat_shape(input, a), input.options().dtype(at::kFloat))};
   const jit::CUstream stream = jit::current_stream(dev);
   const jit::LoadedKernel& k = jit::get_kernel(*key, dev, stream, 0);
   GatedFwdParams prm{};
@@ -161,12 +179,42 @@ GatedFwdOut gated_forward_cuda(const at::Tensor& input, const at::Tensor& gate, 
   prm.rows = a.rows;
   prm.row_blocks = ceil_div(a.rows, key->rows_per_cta);
   prm.weight = w.defined() ? w.data_ptr() : nullptr;
-  prm.y = out.y.data_ptr();
-  prm.rstd = out.rstd.data_ptr<float>();
+  prm.y = q != nullptr ? q->data.data_ptr() : y.data_ptr();
+  prm.rstd = rstd.data_ptr<float>();
   prm.eps = static_cast<float>(eps);
+  if (q != nullptr) {
+    prm.scales = q->scales.data_ptr();
+    prm.amax = q->amax.numel() > 0 ? q->amax.data_ptr<float>() : nullptr;
+    prm.qscale_ptr = q->scale_ptr;
+    prm.qscale = q->scale;
+    prm.scale_cols = static_cast<int>(q->scale_cols);
+  }
   const int64_t grid = std::min<int64_t>(prm.row_blocks, std::numeric_limits<int32_t>::max());
   jit::launch(k, static_cast<unsigned>(grid), 1, static_cast<unsigned>(key->threads()), 1, stream, &prm);
+  return true;
+}
+
+}  // namespace
+
+GatedFwdOut gated_forward_cuda(const at::Tensor& input, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
+                               double eps, bool norm_first, const GatedArgs& a) {
+  c10::DeviceGuard guard(input.device());
+  GatedFwdOut out{at::empty(input.sizes(), input.options()),
+                  at::empty(gated_stat_shape(input, a), input.options().dtype(at::kFloat))};
+  if (a.rows == 0) return out;
+  if (!launch_forward(input, gate, weight, eps, norm_first, a, out.y, out.rstd, nullptr))
+    return gated_forward_ref(input, gate, weight, eps, norm_first, a);
   return out;
+}
+
+std::optional<at::Tensor> gated_quant_forward_cuda(const at::Tensor& input, const at::Tensor& gate,
+                                                   const std::optional<at::Tensor>& weight, double eps, bool norm_first,
+                                                   const GatedArgs& a, const GatedQuantLaunch& q) {
+  c10::DeviceGuard guard(input.device());
+  at::Tensor rstd = at::empty(gated_stat_shape(input, a), input.options().dtype(at::kFloat));
+  if (a.rows == 0) return rstd;
+  if (!launch_forward(input, gate, weight, eps, norm_first, a, at::Tensor(), rstd, &q)) return std::nullopt;
+  return rstd;
 }
 
 GatedBwdOut gated_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& gate,
