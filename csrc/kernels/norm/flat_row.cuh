@@ -21,7 +21,9 @@
 //   one. A stage holds kTensors buffers of flat_buffer_elems
 //   (common/params.cuh) elements.
 // - The arithmetic is the register-row designs' (norm/fwd_common.cuh,
-//   norm/bwd_common.cuh): the same operations in the same order a row.
+//   norm/bwd_common.cuh): the same operations in the same order a row. The
+//   backward's second pass reads x and dy from the stage again (dx as the
+//   re-reading designs form it).
 // - Backward: each CTA sums dW / dB of its columns in registers over every row
 //   block it visits and writes one partial row (or, alone, the gradients), as
 //   norm/bwd_rows.cuh does; the column reduce that follows is unchanged.
@@ -262,18 +264,16 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
     PT* const ds = reinterpret_cast<PT*>(stage + kBuf + at);
     const PT* const hs = reinterpret_cast<const PT*>(stage + 2 * kBuf + at);
 
-    // x - mean, and dy (LayerNorm) or w * dy (RMSNorm): bwd_rows.cuh's kKeepTerms.
-    float xm[NV][VEC], dyk[NV][VEC];
+    // The second pass reads x and dy from the stage again rather than
+    // keeping their terms in registers: more CTAs fit an SM.
     Sum2 sums = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
       if (!row_ok || v >= kVecs) continue;
       const PT dv = ds[v];
-      float df[VEC], wdy[VEC], xhat[VEC];
-      element_terms<KIND, T, VEC>(xs[v], dv, gk[i], mean, rstd, sums, xm[i], df, wdy, xhat);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) dyk[i][j] = KIND == kLayerNorm ? df[j] : wdy[j];
+      float xm[VEC], df[VEC], wdy[VEC], xhat[VEC];
+      element_terms<KIND, T, VEC>(xs[v], dv, gk[i], mean, rstd, sums, xm, df, wdy, xhat);
       add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
     }
     sums = group_allreduce<TPR, ROWS>(sums, scratch);
@@ -284,10 +284,7 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
       if (!row_ok || v >= kVecs) continue;
       PT hv{};
       if constexpr (kDh) hv = hs[v];
-      if constexpr (KIND == kLayerNorm)
-        ds[v] = input_grad<KIND, N, T, VEC, kDh>(xm[i], dyk[i], gk[i], k, hv);
-      else  // w * dy kept: it is wk
-        ds[v] = input_grad<KIND, N, T, VEC, kDh>(xm[i], dyk[i], k, hv);
+      ds[v] = input_grad<KIND, N, T, VEC, kDh>(xs[v], ds[v], gk[i], mean, k, hv);
     }
     __syncthreads();  // the block's dx is whole in the stage
     flat_flush<T, kCs>(static_cast<T*>(p.dx), stage + kBuf, b);
