@@ -14,20 +14,14 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import sys
 
+from rtcnorm.tuned_table import gpu_slug
 from tune_table import DIRECTIONS, problems
 
 TARGET = 1.05  # default time / tuned time, at most
 WORST = 5  # cells named in the summary
 PACKAGE_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", "rtcnorm", "data")
-
-
-def gpu_slug(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"h100-80gb-hbm3"``."""
-    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w != "nvidia"]
-    return "-".join(words) or "gpu"
 
 
 def cell_key(r: dict) -> tuple:

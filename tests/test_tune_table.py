@@ -9,6 +9,7 @@ import os
 import sys
 
 import pytest
+from rtcnorm import tuned_table
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import tune_table as T  # noqa: E402
@@ -180,8 +181,8 @@ def test_export_writes_the_tuned_choices_of_measured_cells_only(tmp_path):
 @pytest.mark.parametrize(
     "name,slug", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100-80gb-hbm3"), ("NVIDIA", "gpu")]
 )
-def test_gpu_slug(name, slug):
-    assert R.gpu_slug(name) == slug
+def test_the_report_and_the_package_name_a_gpu_alike(name, slug):
+    assert R.gpu_slug(name) == slug == tuned_table.gpu_slug(name)
 
 
 def test_run_appends_each_problem_as_measured_and_stops_at_the_budget(tmp_path, monkeypatch):
