@@ -9,7 +9,7 @@ import os
 import sys
 
 import pytest
-from rtcnorm import tuned_table
+from rtcnorm import _C, tuned_table
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import tune_table as T  # noqa: E402
@@ -114,7 +114,10 @@ def test_report_merges_shards_and_counts_cells_within_five_percent(tmp_path):
     shard1 = [
         record("layer_norm", 32, 4096, "fwd", 5.3, 5.0),  # 1.06: a miss; replaces the failure
         record("layer_norm", 32, 4096, "bwd", 9.0, 10.0, error="RuntimeError: boom"),
-        record("rms_norm", 1, 4096, "fwd", 3.0, 3.0),
+        {
+            **record("rms_norm", 1, 4096, "fwd", 3.0, 3.0),
+            "tuned": {"design": "register_row", "knobs": {"cta_threads": 128}, "us": 3.0},
+        },
         record("rms_norm", 1, 4096, "fwd", 3.1, 3.0, gpu="NVIDIA H100 80GB HBM3"),
     ]
     write_lines(tmp_path / "tt.shard0of2.jsonl", shard0)
@@ -133,13 +136,17 @@ def test_report_merges_shards_and_counts_cells_within_five_percent(tmp_path):
     assert s["worst"][0][5] == pytest.approx(1.2)
     md = (tmp_path / "results" / "default_vs_tuned_h200.md").read_text()
     assert md.startswith("# Default pick vs tuned pick, NVIDIA H200")
-    assert "**Summary: 2 of 4 measured cells within 5% (188 expected, 183 missing, 1 failed).**" in md
+    assert (
+        "**Summary: 2 of 4 measured cells within 5% (188 expected, 183 missing, 1 failed); the tuned pick is the default's in 1.**"
+        in md
+    )
     assert "## rms_norm bwd bf16: 0 of 1 within 5%" in md
     assert (
         "| standard | 4096x1024 | register_row (cta_threads=128) | 12.00 | staged_row (ring_stages=2) | 10.00 | 1.200 **miss** |"
         in md
     )
     assert "| standard | 4096x1024 | missing |" in md  # layer_norm 4096x1024
+    assert "| standard | 1x4096 | register_row (cta_threads=128) | 3.00 | same | 3.00 | 1.000 |" in md
     h100 = json.loads((tmp_path / "results" / "default_vs_tuned_h100-80gb-hbm3.json").read_text())
     assert h100["summary"]["measured"] == 1 and h100["cells"][0]["default"]["us"] == 3.1
 
@@ -223,3 +230,61 @@ def test_compile_phase_runs_tune_in_worker_processes_and_reports_their_failures(
     assert err.count("compile phase: rms_norm ") == len(todo) == 3
     assert "RuntimeError: rtcnorm.tune: needs a CUDA device" in err
     assert not (tmp_path / "tt.shard0of8.jsonl").exists()  # the compile phase measures nothing
+
+
+@pytest.mark.gpu
+def test_on_the_device_one_small_problem_runs_end_to_end(tmp_path):
+    """rms_norm 1x4096 (the smallest standard shape: shard 22 of 23): the
+    compile phase in a worker, tune(), the interleaved re-timing, the report."""
+    import subprocess
+
+    script = os.path.join(os.path.dirname(T.__file__), "tune_table.py")
+    common = ["--out", str(tmp_path / "tt"), "--ops", "rms_norm", "--sets", "standard", "--no-progress"]
+    run = [sys.executable, script, *common, "--shard", "22/23", "--compile-workers", "1", "--reps", "3"]
+    done = subprocess.run(run + ["--confirm-rounds", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "tt.shard22of23.jsonl").read_text().splitlines()]
+    assert [(r["rows"], r["n"], r["direction"]) for r in lines] == [(1, 4096, "fwd"), (1, 4096, "bwd")]
+    for r in lines:
+        assert "error" not in r and r["default"]["us"] > 0 and r["tuned"]["us"] > 0 and len(r["candidates"]) >= 1
+        assert r["ratio"] == pytest.approx(r["default"]["us"] / r["tuned"]["us"])
+    report = [sys.executable, script, "--report", *common, "--results-dir", str(tmp_path / "results")]
+    done = subprocess.run(report, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    body = json.loads(next((tmp_path / "results").glob("default_vs_tuned_*.json")).read_text())
+    assert body["summary"]["measured"] == 2 and body["summary"]["expected"] == 2 * 23
+
+
+def fake_tune_report():
+    def side(design, knobs, ms):
+        return {"design": design, "knobs": knobs, "ms": ms}
+
+    a, b = side("register_row", {"cta_threads": 128}, 0.010), side("staged_row", {"ring_stages": 2}, 0.008)
+    return {d: {"picked": a, "best": b, "speedup": 1.25, "candidates": [a, b]} for d in T.DIRECTIONS}
+
+
+def test_measure_records_the_retimed_pair_and_refuses_a_problem_tuned_on_disk(monkeypatch):
+    import rtcnorm
+
+    monkeypatch.setattr(rtcnorm, "tune", lambda *a, **k: fake_tune_report())
+    monkeypatch.setattr(rtcnorm, "explain", lambda *a, **k: {"tuned": False, "backward": {"tuned": False}})
+    monkeypatch.setattr(_C, "_norm_forget_tuned", lambda: None)
+    pairs = []
+
+    def fake_confirm(p, picks, device, reps, rounds):
+        pairs.append((picks, rounds))
+        return {d: {"default": 9.0, "tuned": 8.8} for d in T.DIRECTIONS}
+
+    monkeypatch.setattr(T, "confirm", fake_confirm)
+    p = {"op": "rms_norm", "dtype": "bf16", "set": "standard", "rows": 4096, "n": 1024}
+    args = parse("--confirm-rounds", "2")
+    fwd, bwd = T.measure(p, args, {"gpu": GPU})
+    assert pairs[0][1] == 2 and pairs[0][0]["bwd"][1] == {"design": "staged_row", "knobs": {"ring_stages": 2}}
+    assert fwd["default"] == {"design": "register_row", "knobs": {"cta_threads": 128}, "us": 9.0}
+    assert bwd["tuned"]["us"] == 8.8 and bwd["ratio"] == pytest.approx(9.0 / 8.8)
+    assert bwd["tune_us"] == {"default": pytest.approx(10.0), "tuned": pytest.approx(8.0)}
+    plain = T.measure(p, parse("--confirm-rounds", "0"), {"gpu": GPU})[0]
+    assert len(pairs) == 1 and plain["ratio"] == pytest.approx(1.25)
+    monkeypatch.setattr(rtcnorm, "explain", lambda *a, **k: {"tuned": False, "backward": {"tuned": True}})
+    with pytest.raises(RuntimeError, match="the disk cache holds a tuned choice for this problem"):
+        T.measure(p, args, {"gpu": GPU})
