@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--results-dir", default=os.path.join(BENCH_DIR, "results"))
     ap.add_argument("--export-package", action="store_true", help="with --report: write the shipped table")
     ap.add_argument("--package-dir", default=None, help="where --export-package writes (default: the package's data)")
+    ap.add_argument("--export-min-ratio", type=float, default=1.02, help="ship cells whose default/tuned reaches this")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 

@@ -6,7 +6,8 @@ times, and default/tuned) and ``.json`` (every cell, the summary). A cell is
 within target when the default takes at most 5% longer than the tuned pick.
 Cells of the shape sets that no shard measured are listed as missing. With
 ``--export-package``, the tuned choices go to the shipped table
-``python/rtcnorm/data/tuned_<gpu>.json`` (read by rtcnorm.tuned_table).
+``python/rtcnorm/data/tuned_<gpu>.json`` (read by rtcnorm.tuned_table): those
+that differ from the default and beat it by ``--export-min-ratio`` (1.02).
 """
 
 from __future__ import annotations
@@ -133,11 +134,13 @@ def markdown(gpu: str, cells: dict, expected: dict, summary: dict, meta: dict) -
     return "\n".join(lines) + "\n"
 
 
-def table_entries(cells: dict) -> list[dict]:
-    """The measured choices as the shipped table holds them (the ops' defaults: weight, and bias for layer_norm)."""
+def table_entries(cells: dict, min_ratio: float) -> list[dict]:
+    """The tuned choices worth shipping, as the table holds them: measured
+    cells whose tuned pick differs from the default and beat it by
+    ``min_ratio`` (the ops' defaults: weight, and bias for layer_norm)."""
     out = []
     for k, r in sorted(cells.items()):
-        if "error" in r:
+        if "error" in r or _same(r) or r["ratio"] < min_ratio:
             continue
         op, dtype, direction, rows, n = k
         entry = {"op": op, "direction": direction, "rows": rows, "n": n, "dtype": dtype}
@@ -145,13 +148,13 @@ def table_entries(cells: dict) -> list[dict]:
     return out
 
 
-def package_table(gpu: str, cells: dict, meta: dict) -> dict:
+def package_table(gpu: str, cells: dict, meta: dict, min_ratio: float) -> dict:
     return {
         "format": 1,
         "gpu": gpu,
         "sm_count": meta.get("sm_count"),
         "rtcnorm": meta.get("rtcnorm"),
-        "entries": table_entries(cells),
+        "entries": table_entries(cells, min_ratio),
     }
 
 
@@ -181,6 +184,7 @@ def report(args) -> int:
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, f"tuned_{gpu_slug(gpu)}.json")
             with open(path, "w") as f:
-                json.dump(package_table(gpu, cells, meta), f, indent=1)
-            print(f"{path}: {len(table_entries(cells))} entries")
+                table = package_table(gpu, cells, meta, args.export_min_ratio)
+                json.dump(table, f, indent=1)
+            print(f"{path}: {len(table['entries'])} entries")
     return 0

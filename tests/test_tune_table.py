@@ -68,6 +68,10 @@ def record(op, rows, n, direction, default_us, tuned_us, dtype="bf16", gpu=GPU, 
     return r
 
 
+def same_pick(r):
+    return {**r, "tuned": {**r["default"], "us": r["tuned"]["us"]}}
+
+
 def write_lines(path, records, tail=""):
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
@@ -114,10 +118,7 @@ def test_report_merges_shards_and_counts_cells_within_five_percent(tmp_path):
     shard1 = [
         record("layer_norm", 32, 4096, "fwd", 5.3, 5.0),  # 1.06: a miss; replaces the failure
         record("layer_norm", 32, 4096, "bwd", 9.0, 10.0, error="RuntimeError: boom"),
-        {
-            **record("rms_norm", 1, 4096, "fwd", 3.0, 3.0),
-            "tuned": {"design": "register_row", "knobs": {"cta_threads": 128}, "us": 3.0},
-        },
+        same_pick(record("rms_norm", 1, 4096, "fwd", 3.0, 3.0)),
         record("rms_norm", 1, 4096, "fwd", 3.1, 3.0, gpu="NVIDIA H100 80GB HBM3"),
     ]
     write_lines(tmp_path / "tt.shard0of2.jsonl", shard0)
@@ -156,12 +157,14 @@ def test_report_without_records_fails_and_says_where_it_looked(tmp_path, capsys)
     assert "no records in" in capsys.readouterr().err
 
 
-def test_export_writes_the_tuned_choices_of_measured_cells_only(tmp_path):
+def test_export_ships_measured_choices_that_differ_and_beat_the_default(tmp_path):
     write_lines(
         tmp_path / "tt.shard0of1.jsonl",
         [
             record("rms_norm", 4096, 1024, "bwd", 12.0, 10.0),
+            record("rms_norm", 4096, 2048, "bwd", 10.1, 10.0),  # under --export-min-ratio's 1.02
             record("layer_norm", 32, 4096, "fwd", 5.0, 5.0, error="RuntimeError: boom"),
+            same_pick(record("layer_norm", 1, 4096, "fwd", 5.0, 4.0)),  # nothing to ship
         ],
     )
     run_report(tmp_path, "--export-package", "--package-dir", str(tmp_path / "data"))
