@@ -11,20 +11,23 @@ a GPU spin that lets the host queue every call, L2 flushed before each call,
 median of ``--reps``. tune()'s own two times are kept too (``tune_us``).
 
 NVRTC dominates: tune() times about 9 forward and 7 backward candidates a
-problem (1,545 candidates over the 96 bf16 problems), most of them kernels of
-their own. rtcnorm compiles a kernel only when a launch needs it (jit.precompile
-covers what the planner picks, not tuning's runners-up), so the compile phase
-runs tune() with one repetition in ``--compile-workers`` processes on the same
-GPU: every candidate kernel is compiled into the disk cache (RTCNORM_CACHE_DIR,
-shared by processes, locked per entry), and the timing phase then loads them.
+problem, 1,474 over the 94 bf16 problems, in 1,243 distinct kernels of about
+0.2 s of NVRTC each. rtcnorm compiles a kernel when a launch first needs it,
+and jit.precompile covers the planner's picks for fixed row counts, not
+tuning's runners-up for these shapes; so the compile phase runs tune() with
+one repetition in ``--compile-workers`` processes on the same GPU: every
+candidate kernel reaches the disk cache (RTCNORM_CACHE_DIR, shared by the
+processes, locked per entry), and the timing phase loads them from there.
 
 Each shard appends one JSON line per (problem, direction) to
 ``<out>.shard<i>of<n>.jsonl`` as soon as it is measured, so a killed run keeps
 its rows; a rerun skips the problems already there. ``--budget-s`` stops
-cleanly before a problem that would not fit. On 2 GPUs:
+cleanly before a problem that would not fit. One shard a GPU (the timing
+phase must have its GPU alone); run_tune_table_gpu.sh runs the compile phase
+of every shard, then the timing phase, then the report. By hand, on 2 GPUs:
 
-    CUDA_VISIBLE_DEVICES=0 python benchmarks/tune_table.py --shard 0/2 --budget-s 1500 &
-    CUDA_VISIBLE_DEVICES=1 python benchmarks/tune_table.py --shard 1/2 --budget-s 1500 &
+    CUDA_VISIBLE_DEVICES=0 python benchmarks/tune_table.py --shard 0/2 --budget-s 540 &
+    CUDA_VISIBLE_DEVICES=1 python benchmarks/tune_table.py --shard 1/2 --budget-s 540 &
     wait; python benchmarks/tune_table.py --report
 
 ``--report`` merges the shards into benchmarks/results/default_vs_tuned_<gpu>.md
