@@ -327,7 +327,7 @@ def device_meta(device: str) -> dict:
 def run(args) -> int:
     from tqdm import tqdm
 
-    os.environ.setdefault("RTCNORM_TUNED_TABLE", "0")  # the default must be the cost model's own pick
+    os.environ["RTCNORM_TUNED_TABLE"] = "0"  # the default must be the cost model's own pick
     budget = Budget(args.budget_s)
     path = shard_path(args.out, args.shard)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

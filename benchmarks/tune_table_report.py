@@ -82,6 +82,10 @@ def _choice(c: dict) -> str:
     return f"{c['design']} ({knobs})" if knobs else c["design"]
 
 
+def _row_order(k, expected: dict) -> tuple:
+    return (expected[k] != "standard", -k[3] * k[4], k[3])
+
+
 def _shape(k) -> str:
     return f"{k[3]}x{k[4]}"
 
@@ -103,17 +107,16 @@ def markdown(gpu: str, cells: dict, expected: dict, summary: dict, meta: dict) -
     if summary["worst"]:
         worst = ", ".join(f"{w[0]} {w[1]} {w[2]} {w[3]}x{w[4]} {w[5]:.3f}" for w in summary["worst"])
         lines.append(f"Worst cells: {worst}.")
-    groups = sorted({k[:3] for k in expected} | {k[:3] for k in cells})
+    groups = sorted({k[:3] for k in expected})
     for op, dtype, direction in groups:
-        keys = [k for k in expected if k[:3] == (op, dtype, direction)]
-        keys += [k for k in cells if k[:3] == (op, dtype, direction) and k not in expected]
+        keys = sorted((k for k in expected if k[:3] == (op, dtype, direction)), key=lambda k: _row_order(k, expected))
         rows, n_in, n_meas = [], 0, 0
         for k in keys:
             r, where = cells.get(k), expected.get(k, "")
             if r is None:
                 rows.append(f"| {where} | {_shape(k)} | missing | | | | |")
             elif "error" in r:
-                rows.append(f"| {where} | {_shape(k)} | failed: {r['error'][:80]} | | | | |")
+                rows.append(f"| {where} | {_shape(k)} | failed: {r['error'][:80].replace('|', '/')} | | | | |")
             else:
                 n_meas += 1
                 ok = r["ratio"] <= TARGET
@@ -167,9 +170,9 @@ def report(args) -> int:
     os.makedirs(args.results_dir, exist_ok=True)
     for gpu in sorted({r["gpu"] for r in records}):
         mine = [r for r in records if r["gpu"] == gpu]
-        cells = merge(mine)
         dtypes = sorted({r["dtype"] for r in mine} | set(args.dtypes))
         expected = expected_cells(dtypes, args.ops, args.sets)
+        cells = {k: r for k, r in merge(mine).items() if k in expected}  # --ops / --sets narrow the report
         summary = summarize(cells, expected)
         meta = next((r for r in reversed(mine) if "error" not in r), mine[-1])
         base = os.path.join(args.results_dir, f"default_vs_tuned_{gpu_slug(gpu)}")
