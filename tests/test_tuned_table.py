@@ -156,3 +156,21 @@ def test_on_the_device_a_seeded_choice_plans_exactly_its_problem(fresh_store):
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     expected = ref_rms_norm(x, (1024,), w, 1e-6)["y"]
     assert_close(rtcnorm.rms_norm(x, 1024, w, 1e-6), expected, what="y under the seeded choice", dtype=x.dtype)
+
+
+@pytest.mark.gpu
+def test_tune_keeps_the_shipped_choices_of_other_problems(fresh_store, monkeypatch, tmp_path):
+    """tune() forgets the in-memory choices before timing and seeds the tables
+    again after: a shipped choice of another problem survives it."""
+    props = torch.cuda.get_device_properties(0)
+    default = rtcnorm.explain("rms_norm", (4096, 1024), torch.bfloat16, device="cuda")
+    other = next(c for c in default["candidates"] if (c["design"], c["knobs"]) != (default["design"], default["knobs"]))
+    mine = table(props.name, props.multi_processor_count, entries=[entry(design=other["design"], knobs=other["knobs"])])
+    (tmp_path / f"tuned_{tuned_table.gpu_slug(props.name)}.json").write_text(json.dumps(mine))
+    monkeypatch.setattr(tuned_table, "DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(tuned_table.ENV, "1")
+    assert tuned_table.seed(refresh=True) == 1
+    rtcnorm.tune("rms_norm", (333, 1024), torch.bfloat16, reps=2, persist=False)
+    e = rtcnorm.explain("rms_norm", (4096, 1024), torch.bfloat16, device="cuda")
+    assert e["tuned"] and (e["design"], e["knobs"]) == (other["design"], other["knobs"])
+    assert rtcnorm.explain("rms_norm", (333, 1024), torch.bfloat16, device="cuda")["tuned"]
