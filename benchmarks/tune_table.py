@@ -11,7 +11,7 @@ a GPU spin that lets the host queue every call, L2 flushed before each call,
 median of ``--reps``. tune()'s own two times are kept too (``tune_us``).
 
 NVRTC dominates: tune() times about 9 forward and 7 backward candidates a
-problem, 1,474 over the 94 bf16 problems, in 1,243 distinct kernels of about
+problem, 1,487 over the 94 bf16 problems, in 1,256 distinct kernels of about
 0.2 s of NVRTC each. rtcnorm compiles a kernel when a launch first needs it,
 and jit.precompile covers the planner's picks for fixed row counts, not
 tuning's runners-up for these shapes; so the compile phase runs tune() with
