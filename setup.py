@@ -127,6 +127,7 @@ setup(
     install_requires=[TORCH_REQUIREMENT],
     package_dir={"": "python"},
     packages=["rtcnorm"],
+    package_data={"rtcnorm": ["data/*.json"]},  # shipped tuning tables (rtcnorm.tuned_table)
     ext_modules=[
         CppExtension(
             name="rtcnorm._C",

@@ -231,6 +231,15 @@ NormOverride parse_override(bool forward, const std::optional<std::string>& desi
   return o;
 }
 
+// A measured choice of a named design, its knobs checked as an override's.
+TunedChoice tuned_choice(bool forward, const std::string& design, const py::dict& knobs) {
+  const NormOverride o = parse_override(forward, design, knobs);
+  TunedChoice c;
+  c.design = o.design;
+  c.knobs = o.knobs;
+  return c;
+}
+
 bool parse_direction(const std::string& d) {
   if (d == "fwd" || d == "bwd") return d == "fwd";
   throw py::value_error("rtcnorm._tuning: direction must be 'fwd' or 'bwd', got '" + d + "'");
@@ -266,17 +275,32 @@ void bind_norm(py::module_& m, py::object (*ptxas)(const jit::KernelKey&)) {
            const std::string& wdtype, bool has_weight, bool has_bias, bool zero_centered, bool residual,
            bool single_stride, int extra, const std::string& design, const py::dict& knobs, int device, bool persist) {
           const bool fwd = parse_direction(direction);
-          const NormOverride o = parse_override(fwd, design, knobs);
-          TunedChoice c;
-          c.design = o.design;
-          c.knobs = o.knobs;
-          const NormProblem p =
-              problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered, residual,
-                         single_stride ? 2 : 0);
-          const bool stored = store_tuned(fwd, p, static_cast<unsigned>(extra), jit::device_info(device), c, persist);
+          const NormProblem p = problem_of(op, rows, hidden, dtype, wdtype, has_weight, has_bias, zero_centered,
+                                           residual, single_stride ? 2 : 0);
+          const bool stored = store_tuned(fwd, p, static_cast<unsigned>(extra), jit::device_info(device),
+                                          tuned_choice(fwd, design, knobs), persist);
           clear_norm_plan_memo();
           return stored;
         });
+  // rtcnorm.tuned_table: a shipped choice for a GPU model named by the caller
+  // (no device is touched), kept in memory only and only where this process
+  // knows no measured choice (its own tuning, in memory or on disk, wins).
+  m.def("_norm_seed_tuned", [](const std::string& gpu, int sm_count, int arch, const std::string& direction,
+                               const std::string& op, int64_t rows, int64_t hidden, const std::string& dtype,
+                               bool has_bias, int extra, const std::string& design, const py::dict& knobs) {
+    const bool fwd = parse_direction(direction);
+    jit::DeviceInfo info;
+    info.name = gpu;
+    info.sm_count = sm_count;
+    info.arch = arch;
+    // Contiguous rows from an aligned base (rows_layout 2), as the tensors tune() times.
+    const NormProblem p = problem_of(op, rows, hidden, dtype, dtype, true, has_bias, false, false, 2);
+    const unsigned bits = static_cast<unsigned>(extra);
+    if (find_tuned(fwd, p, bits, info)) return false;
+    store_tuned(fwd, p, bits, info, tuned_choice(fwd, design, knobs), /*persist=*/false);
+    clear_norm_plan_memo();
+    return true;
+  });
   m.def("_norm_forget_tuned", [] {
     forget_tuned();
     clear_norm_plan_memo();

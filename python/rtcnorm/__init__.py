@@ -18,7 +18,7 @@ if torch.__version__.split("+")[0].split(".")[:2] != _build_info.TORCH_MAJOR_MIN
 
 _nvrtc_paths.register()
 
-from . import _C, _ops, _softmax_ops, distributed, jit, softmax  # noqa: E402  (distributed: DTensor rules, lazily)
+from . import _C, _ops, _softmax_ops, distributed, jit, softmax, tuned_table  # noqa: E402  (distributed: DTensor rules, lazily)
 from .functional import layer_norm, rms_norm  # noqa: E402
 from .gated import rms_norm_gated  # noqa: E402
 from .modes import MODES, explain  # noqa: E402
@@ -35,6 +35,7 @@ from .softmax import (  # noqa: E402
 from .tuning import tune  # noqa: E402
 
 __version__ = "0.1.0"
+tuned_table.install()  # the shipped tuning tables, read when CUDA initializes
 
 __all__ = [
     "MODES",
