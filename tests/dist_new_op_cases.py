@@ -1,5 +1,5 @@
 """DTensor checks of the quantized and gated norm ops (norm_quant,
-rms_norm_gated), run on each rank of a gloo pool (tests/test_distributed.py):
+rms_norm_gated, rms_norm_gated_quant), run on each rank of a gloo pool (tests/test_distributed.py):
 sharded results against the op on the full tensors, float32 on CPU."""
 
 from __future__ import annotations
@@ -77,3 +77,37 @@ def rms_norm_gated_row_shards():
     assert wd.grad.placements == (Partial("sum"),), wd.grad.placements
     for name, a, b in [("dx", xd, xf), ("dz", zd, zf), ("dw", wd, wf)]:
         torch.testing.assert_close(a.grad.full_tensor(), b.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def _gated_quant(x, z, w, recipe, dtype, scale, layout):
+    return torch.ops.rtcnorm.rms_norm_gated_quant(x, z, w, 1e-6, True, 16, "silu", recipe, dtype, scale, layout)
+
+
+def rms_norm_gated_quant_row_shards():
+    """As norm_quant: codes, per-row and plain block scales follow the rows
+    with no collective, the amax is a Partial("max"), blocked scales gather."""
+    torch.manual_seed(7)
+    x, z, w = torch.randn(6, 64, dtype=F32), torch.randn(6, 64, dtype=F32), torch.randn(64, dtype=F32)
+    scale = torch.tensor([4.0])
+    cases = [
+        ("per_tensor", torch.float8_e4m3fn, scale, "plain"),
+        ("per_token", torch.float8_e4m3fn, None, "plain"),
+        ("mxfp8", torch.float8_e4m3fn, None, "blocked"),
+        ("nvfp4", torch.float4_e2m1fn_x2, scale, "plain"),
+    ]
+    for recipe, dtype, s, layout in cases:
+        full = _gated_quant(x, z, w, recipe, dtype, s, layout)
+        xd, zd = (distribute_tensor(t, mesh(), [Shard(0)]) for t in (x, z))
+        wd = distribute_tensor(w, mesh(), [Replicate()])
+        sd = distribute_tensor(s, mesh(), [Replicate()]) if s is not None else None
+        (data, scales, amax, rstd), comms = counted(_gated_quant, xd, zd, wd, recipe, dtype, sd, layout)
+        row = (Replicate(),) if layout == "blocked" else (Shard(0),)
+        assert data.placements == row and rstd.placements == row, (recipe, data.placements)
+        assert (comms == 0) == (layout == "plain"), (recipe, comms)
+        assert torch.equal(_bytes(data.to_local()), _bytes(_mine(full[0], data.placements))), recipe
+        assert torch.equal(_bytes(scales.to_local()), _bytes(_mine(full[1], scales.placements))), recipe
+        if recipe in ("per_tensor", "nvfp4"):
+            if layout == "plain":
+                assert amax.placements == (Partial("max"),), amax.placements
+            close(amax, full[2], f"amax {recipe}")
+        close(rstd, full[3], f"rstd {recipe}")

@@ -29,7 +29,9 @@ def _compile(direction, arch, op, kw, dtype, n):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_flat_rows_compile_without_spills(direction, arch):
-    jobs = [(direction, arch, op, kw, d, n) for op, kw in CASES for d in (torch.bfloat16, torch.float16) for n in WIDTHS]
+    jobs = [
+        (direction, arch, op, kw, d, n) for op, kw in CASES for d in (torch.bfloat16, torch.float16) for n in WIDTHS
+    ]
     with _tuning.norm_override(direction, "flat_row"):
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             plans = list(pool.map(lambda j: _compile(*j), jobs))

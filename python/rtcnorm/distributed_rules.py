@@ -189,6 +189,19 @@ def norm_quant_strategy(op_schema: OpSchema) -> OpStrategy:
     return _follow(op_schema, "input", first_reduced, roles, (ROW, scales, amax, h, mean, ROW))
 
 
+def rms_norm_gated_quant_strategy(op_schema: OpSchema) -> OpStrategy:
+    """(input, gate, weight, eps, norm_before_gate, group_size, activation,
+    recipe, out_dtype, scale, scale_layout) -> (data, scales, amax, rstd):
+    norm_quant's placements, with groups along the last dim kept whole."""
+    recipe = _arg(op_schema, "recipe")
+    blocked = _arg(op_schema, "scale_layout", "plain") == "blocked"
+    first_reduced = 0 if blocked else _arg(op_schema, "input").ndim - 1
+    roles = {"input": ROW, "gate": ROW, "weight": PARAM, "scale": PARAM}
+    scales = PARAM if recipe == "per_tensor" else ROW
+    amax = AMAX if recipe in ("per_tensor", "nvfp4") else EMPTY
+    return _follow(op_schema, "input", first_reduced, roles, (ROW, scales, amax, ROW))
+
+
 # ---- softmax ----------------------------------------------------------------
 
 
@@ -231,6 +244,7 @@ STRATEGIES = {
     _ops.rms_norm_gated.default: rms_norm_gated_strategy,
     _ops.rms_norm_gated_backward.default: rms_norm_gated_backward_strategy,
     _ops.norm_quant.default: norm_quant_strategy,
+    _ops.rms_norm_gated_quant.default: rms_norm_gated_quant_strategy,
 }
 
 
