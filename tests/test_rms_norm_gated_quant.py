@@ -304,7 +304,9 @@ ARCHS = (80, 90, 100)
 COMPILE_SHAPES = (("float32", 7, 7), ("bfloat16", 4096, 1024), ("float16", 128, 32))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a compile check for GPU-less CI; the GPU tests run these kernels")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="a compile check for GPU-less CI; the GPU tests run these kernels"
+)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_recipe_compiles_for_each_arch(arch):
     jobs = [(d, n, g, *r) for d, n, g in COMPILE_SHAPES for r in RECIPES]
