@@ -45,13 +45,12 @@ import statistics
 import sys
 import time
 
+from tune_problems import DIRECTIONS, SETS, SHAPES_PATH, problems  # noqa: F401 (re-exported)
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-SHAPES_PATH = os.path.join(BENCH_DIR, "bench_shapes.json")
 DEFAULT_OUT = os.path.join(BENCH_DIR, "results", "tune_table")
-SETS = {"standard": ("bandwidth", "narrow_rows", "model", "latency"), "random": ("random",)}
 OPS = ("rms_norm", "layer_norm")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-DIRECTIONS = ("fwd", "bwd")
 COMPILE_SHARE = 0.6  # of --budget-s at most for the compile phase; the rest compiles inline
 
 
@@ -107,25 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--export-min-ratio", type=float, default=1.02, help="ship cells whose default/tuned reaches this")
     ap.add_argument("--no-progress", action="store_true")
     return ap
-
-
-def problems(dtypes, ops, sets, shapes_path: str = SHAPES_PATH) -> list[dict]:
-    """Every (dtype, op, set, shape), each shape once, in a fixed order; largest first within a dtype and op."""
-    with open(shapes_path) as f:
-        norm = json.load(f)["norm"]
-    shapes, seen = [], set()
-    for name in sets:
-        for group in SETS[name]:
-            for m, n in norm[group]:
-                if (int(m), int(n)) not in seen:  # a shape in two groups is one problem
-                    seen.add((int(m), int(n)))
-                    shapes.append((name, int(m), int(n)))
-    out = []
-    for dtype in dtypes:
-        for op in ops:
-            for name, m, n in sorted(shapes, key=lambda s: -s[1] * s[2]):
-                out.append({"op": op, "dtype": dtype, "set": name, "rows": m, "n": n})
-    return out
 
 
 def shard_of(items: list, shard: tuple[int, int]) -> list:

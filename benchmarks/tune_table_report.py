@@ -18,7 +18,7 @@ import os
 import sys
 
 from rtcnorm.tuned_table import gpu_slug
-from tune_table import DIRECTIONS, problems
+from tune_problems import DIRECTIONS, problems
 
 TARGET = 1.05  # default time / tuned time, at most
 WORST = 5  # cells named in the summary
