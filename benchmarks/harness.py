@@ -329,10 +329,3 @@ def progress(items, desc: str = "", label=None):
 from tables import RESULTS_DIR, Table, _is_num, _num, set_environment  # noqa: E402,F401
 
 set_environment(environment)
-
-
-def jit_cost(*args, **kwargs) -> dict:
-    """Cold compile, warm disk load and host overhead of one kernel; see jit_cost.py."""
-    from jit_cost import jit_cost as run
-
-    return run(*args, **kwargs)
