@@ -12,6 +12,7 @@
 #include "ops/norm/kernel_families.h"
 #include "ops/norm/launch_geometry.h"
 #include "ops/norm/plan/planner.h"
+#include "ops/norm/quant.h"
 #include "ops/norm_checks.h"
 
 namespace rtcnorm::jit {
@@ -37,17 +38,6 @@ bool rows_single_stride(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t 
 
 struct NormFwdOutputs {
   at::Tensor y, h, mean, rstd;
-};
-
-// A quantized output of the forward (ops/norm/quant.h): the kernel's flag
-// bits, the outputs it writes, and the per-tensor or global scale (a device
-// tensor's pointer, else the host value).
-struct QuantLaunch {
-  unsigned flags = 0;
-  at::Tensor data, scales, amax;
-  const float* scale_ptr = nullptr;
-  float scale = 1.f;
-  int64_t scale_cols = 0;
 };
 
 // The CUDA paths; the op entries check the arguments first

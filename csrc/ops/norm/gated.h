@@ -83,20 +83,11 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
 
 GatedFwdOut gated_forward_cuda(const at::Tensor& x, const at::Tensor& z, const std::optional<at::Tensor>& weight,
                                double eps, bool norm_first, const GatedArgs& a);
-// The quantized forward's kernel outputs (ops/norm/quant.h: quant_outputs
-// allocates them; scale_ptr, a device scalar, else scale).
-struct GatedQuantLaunch {
-  unsigned flags = 0;
-  at::Tensor data, scales, amax;
-  const float* scale_ptr = nullptr;
-  float scale = 1.f;
-  int64_t scale_cols = 0;
-};
 // Writes the quantized y into q and returns rstd; std::nullopt where no
 // kernel plan carries the recipe on this shape (the caller falls back).
 std::optional<at::Tensor> gated_quant_forward_cuda(const at::Tensor& x, const at::Tensor& z,
                                                    const std::optional<at::Tensor>& weight, double eps, bool norm_first,
-                                                   const GatedArgs& a, const GatedQuantLaunch& q);
+                                                   const GatedArgs& a, const QuantLaunch& q);
 GatedBwdOut gated_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& z, const at::Tensor& rstd,
                                 const std::optional<at::Tensor>& weight, bool norm_first, bool want_dw,
                                 const GatedArgs& a);

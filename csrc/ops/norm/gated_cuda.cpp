@@ -155,7 +155,7 @@ namespace {
 // no plan covers the problem.
 bool launch_forward(const at::Tensor& input, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
                     double eps, bool norm_first, const GatedArgs& a, const at::Tensor& y, const at::Tensor& rstd,
-                    const GatedQuantLaunch* q) {
+                    const QuantLaunch* q) {
   const auto [x, xs] = row_strided(input, a.hidden);
   const auto [z, zs] = row_strided(gate, a.hidden);
   const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
@@ -209,7 +209,7 @@ GatedFwdOut gated_forward_cuda(const at::Tensor& input, const at::Tensor& gate, 
 
 std::optional<at::Tensor> gated_quant_forward_cuda(const at::Tensor& input, const at::Tensor& gate,
                                                    const std::optional<at::Tensor>& weight, double eps, bool norm_first,
-                                                   const GatedArgs& a, const GatedQuantLaunch& q) {
+                                                   const GatedArgs& a, const QuantLaunch& q) {
   c10::DeviceGuard guard(input.device());
   at::Tensor rstd = at::empty(gated_stat_shape(input, a), input.options().dtype(at::kFloat));
   if (a.rows == 0) return rstd;

@@ -58,17 +58,8 @@ Outputs rms_norm_gated_quant(const at::Tensor& input, const at::Tensor& gate, co
   const double e = rms_norm_eps(input, eps);
   if constexpr (kCuda) {
     QuantOutputs qo = quant_outputs(q, input, input.dim() - 1, a.rows, a.hidden, scale);
-    GatedQuantLaunch l;
-    l.flags = q.flags();
-    l.data = qo.data;
-    l.scales = qo.scales;
-    l.amax = qo.amax;
-    if (scale.has_value() && scale->is_cuda())
-      l.scale_ptr = scale->data_ptr<float>();
-    else if (scale.has_value())
-      l.scale = host_scale(scale);
-    l.scale_cols = q.scale_cols(a.hidden);
-    const std::optional<at::Tensor> rstd = gated_quant_forward_cuda(input, gate, weight, e, norm_before_gate, a, l);
+    const std::optional<at::Tensor> rstd =
+        gated_quant_forward_cuda(input, gate, weight, e, norm_before_gate, a, quant_launch(q, qo, scale, a.hidden));
     if (rstd.has_value()) return {qo.data, qo.scales, qo.amax, *rstd};
   }
   const GatedFwdOut o = gated_forward_ref(input, gate, weight, e, norm_before_gate, a, /*keep_float=*/true);

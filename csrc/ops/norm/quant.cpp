@@ -100,6 +100,21 @@ QuantCall check_norm_quant(const at::Tensor& input, const std::optional<at::Tens
 
 float host_scale(const std::optional<at::Tensor>& scale) { return scale.has_value() ? scale->item<float>() : 1.f; }
 
+QuantLaunch quant_launch(const QuantSpec& q, const QuantOutputs& out, const std::optional<at::Tensor>& scale,
+                         int64_t hidden) {
+  QuantLaunch l;
+  l.flags = q.flags();
+  l.data = out.data;
+  l.scales = out.scales;
+  l.amax = out.amax;
+  if (scale.has_value() && scale->is_cuda())
+    l.scale_ptr = scale->data_ptr<float>();
+  else if (scale.has_value())
+    l.scale = host_scale(scale);
+  l.scale_cols = q.scale_cols(hidden);
+  return l;
+}
+
 QuantOutputs quant_outputs(const QuantSpec& q, const at::Tensor& input, int64_t lead, int64_t rows, int64_t hidden,
                            const std::optional<at::Tensor>& scale) {
   std::vector<int64_t> shape(input.sizes().begin(), input.sizes().begin() + lead);

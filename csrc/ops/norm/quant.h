@@ -66,6 +66,19 @@ QuantOutputs quant_outputs(const QuantSpec& q, const at::Tensor& input, int64_t 
 // The host value of a CPU scale tensor (1 when the recipe takes none).
 float host_scale(const std::optional<at::Tensor>& scale);
 
+// A quantized output as a kernel writes it: the flag bits, the outputs, and
+// the per-tensor or global scale (a device tensor's pointer, else the host
+// value), for rows of `hidden` elements.
+struct QuantLaunch {
+  unsigned flags = 0;
+  at::Tensor data, scales, amax;
+  const float* scale_ptr = nullptr;
+  float scale = 1.f;
+  int64_t scale_cols = 0;
+};
+QuantLaunch quant_launch(const QuantSpec& q, const QuantOutputs& out, const std::optional<at::Tensor>& scale,
+                         int64_t hidden);
+
 // Quantizes y (rows x hidden, contiguous float32) into `out` (CPU tensors).
 void quantize_rows_cpu(const QuantSpec& q, const at::Tensor& y, float scale, QuantOutputs& out);
 

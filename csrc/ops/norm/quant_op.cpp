@@ -36,16 +36,7 @@ Outputs norm_quant(const at::Tensor& input, const std::optional<at::Tensor>& res
   QuantOutputs qo = quant_outputs(q, input, d.lead, d.rows, d.hidden, scale);
   NormFwdOutputs o;
   if constexpr (kCuda) {
-    QuantLaunch ql;
-    ql.flags = q.flags();
-    ql.data = qo.data;
-    ql.scales = qo.scales;
-    ql.amax = qo.amax;
-    if (scale.has_value() && scale->is_cuda())
-      ql.scale_ptr = scale->data_ptr<float>();
-    else if (scale.has_value())
-      ql.scale = host_scale(scale);
-    ql.scale_cols = q.scale_cols(d.hidden);
+    const QuantLaunch ql = quant_launch(q, qo, scale, d.hidden);
     o = norm_forward_cuda(kind, op, input, residual, normalized_shape, weight, bias, e, c.mode, zero_centered_gamma,
                           &ql);
   } else {
