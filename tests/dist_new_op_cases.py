@@ -28,6 +28,24 @@ def _mine(full, placements):
     return torch.chunk(full, dist.get_world_size(), dim=0)[dist.get_rank()]
 
 
+def _check_quant_shards(recipe, layout, comms, sharded, full):
+    """(data, scales, amax, rstd) of a sharded quantized call against the
+    full call's: codes and row scales stay with the rows and need no
+    collective, the amax is a Partial("max"), blocked scales gather."""
+    data, scales, amax, rstd = sharded
+    row = (Replicate(),) if layout == "blocked" else (Shard(0),)
+    assert data.placements == row and rstd.placements == row, (recipe, data.placements)
+    assert (comms == 0) == (layout == "plain"), (recipe, comms)
+    # gloo moves no 8-bit float dtypes: each rank checks its own rows.
+    assert torch.equal(_bytes(data.to_local()), _bytes(_mine(full[0], data.placements))), recipe
+    assert torch.equal(_bytes(scales.to_local()), _bytes(_mine(full[1], scales.placements))), recipe
+    if recipe in ("per_tensor", "nvfp4"):
+        if layout == "plain":
+            assert amax.placements == (Partial("max"),), amax.placements
+        close(amax, full[2], f"amax {recipe}")
+    close(rstd, full[3], f"rstd {recipe}")
+
+
 def norm_quant_row_shards():
     """Codes and per-row / plain block scales stay sharded with the rows and
     need no collective; the tensor's amax is a Partial("max"); blocked
@@ -45,19 +63,8 @@ def norm_quant_row_shards():
         full = _quant(x, w, recipe, dtype, s, layout)
         xd, wd = distribute_tensor(x, mesh(), [Shard(0)]), distribute_tensor(w, mesh(), [Replicate()])
         sd = distribute_tensor(s, mesh(), [Replicate()]) if s is not None else None
-        out, comms = counted(_quant, xd, wd, recipe, dtype, sd, layout)
-        data, scales, amax, _, _, rstd = out
-        row = (Replicate(),) if layout == "blocked" else (Shard(0),)
-        assert data.placements == row and rstd.placements == row, (recipe, data.placements)
-        assert (comms == 0) == (layout == "plain"), (recipe, comms)
-        # gloo moves no 8-bit float dtypes: each rank checks its own rows.
-        assert torch.equal(_bytes(data.to_local()), _bytes(_mine(full[0], data.placements))), recipe
-        assert torch.equal(_bytes(scales.to_local()), _bytes(_mine(full[1], scales.placements))), recipe
-        if recipe in ("per_tensor", "nvfp4"):
-            if layout == "plain":
-                assert amax.placements == (Partial("max"),), amax.placements
-            close(amax, full[2], f"amax {recipe}")
-        close(rstd, full[5], f"rstd {recipe}")
+        (data, scales, amax, _, _, rstd), comms = counted(_quant, xd, wd, recipe, dtype, sd, layout)
+        _check_quant_shards(recipe, layout, comms, (data, scales, amax, rstd), (full[0], full[1], full[2], full[5]))
 
 
 def rms_norm_gated_row_shards():
@@ -101,13 +108,4 @@ def rms_norm_gated_quant_row_shards():
         wd = distribute_tensor(w, mesh(), [Replicate()])
         sd = distribute_tensor(s, mesh(), [Replicate()]) if s is not None else None
         (data, scales, amax, rstd), comms = counted(_gated_quant, xd, zd, wd, recipe, dtype, sd, layout)
-        row = (Replicate(),) if layout == "blocked" else (Shard(0),)
-        assert data.placements == row and rstd.placements == row, (recipe, data.placements)
-        assert (comms == 0) == (layout == "plain"), (recipe, comms)
-        assert torch.equal(_bytes(data.to_local()), _bytes(_mine(full[0], data.placements))), recipe
-        assert torch.equal(_bytes(scales.to_local()), _bytes(_mine(full[1], scales.placements))), recipe
-        if recipe in ("per_tensor", "nvfp4"):
-            if layout == "plain":
-                assert amax.placements == (Partial("max"),), amax.placements
-            close(amax, full[2], f"amax {recipe}")
-        close(rstd, full[3], f"rstd {recipe}")
+        _check_quant_shards(recipe, layout, comms, (data, scales, amax, rstd), (full[0], full[1], full[2], full[3]))

@@ -172,18 +172,23 @@ def rms_norm_gated_backward_strategy(op_schema: OpSchema) -> OpStrategy:
     return _follow(op_schema, "input", _arg(op_schema, "input").ndim - 1, roles, (ROW, ROW, dw))
 
 
-def norm_quant_strategy(op_schema: OpSchema) -> OpStrategy:
-    """(input, residual, normalized_shape, weight, bias, eps, norm, recipe,
-    out_dtype, scale, scale_layout, ...) -> (data, scales, amax, h, mean, rstd).
-    Codes, per-row and plain block scales follow the rows; the tensor's amax
-    is a max over the ranks' rows. The blocked scale layout tiles 128 rows of
-    the whole tensor, which no rank's rows form: its rows are gathered."""
+def _quant_roles(op_schema: OpSchema, lead_dims: int) -> tuple[int, str, str]:
+    """A quantized output's first reduced dim and the roles of its scales and
+    amax. Codes, per-row and plain block scales follow the rows; the tensor's
+    amax is a max over the ranks' rows. The blocked scale layout tiles 128
+    rows of the whole tensor, which no rank's rows form: its rows are gathered."""
     recipe = _arg(op_schema, "recipe")
     blocked = _arg(op_schema, "scale_layout", "plain") == "blocked"
-    first_reduced = 0 if blocked else _lead_dims(op_schema)
-    roles = {"input": ROW, "residual": ROW, "weight": PARAM, "bias": PARAM, "scale": PARAM}
     scales = PARAM if recipe == "per_tensor" else ROW
     amax = AMAX if recipe in ("per_tensor", "nvfp4") else EMPTY
+    return (0 if blocked else lead_dims), scales, amax
+
+
+def norm_quant_strategy(op_schema: OpSchema) -> OpStrategy:
+    """(input, residual, normalized_shape, weight, bias, eps, norm, recipe,
+    out_dtype, scale, scale_layout, ...) -> (data, scales, amax, h, mean, rstd)."""
+    first_reduced, scales, amax = _quant_roles(op_schema, _lead_dims(op_schema))
+    roles = {"input": ROW, "residual": ROW, "weight": PARAM, "bias": PARAM, "scale": PARAM}
     h = ROW if _arg(op_schema, "residual") is not None else EMPTY
     mean = ROW if _arg(op_schema, "norm") == "layer_norm" else EMPTY
     return _follow(op_schema, "input", first_reduced, roles, (ROW, scales, amax, h, mean, ROW))
@@ -193,12 +198,8 @@ def rms_norm_gated_quant_strategy(op_schema: OpSchema) -> OpStrategy:
     """(input, gate, weight, eps, norm_before_gate, group_size, activation,
     recipe, out_dtype, scale, scale_layout) -> (data, scales, amax, rstd):
     norm_quant's placements, with groups along the last dim kept whole."""
-    recipe = _arg(op_schema, "recipe")
-    blocked = _arg(op_schema, "scale_layout", "plain") == "blocked"
-    first_reduced = 0 if blocked else _arg(op_schema, "input").ndim - 1
+    first_reduced, scales, amax = _quant_roles(op_schema, _arg(op_schema, "input").ndim - 1)
     roles = {"input": ROW, "gate": ROW, "weight": PARAM, "scale": PARAM}
-    scales = PARAM if recipe == "per_tensor" else ROW
-    amax = AMAX if recipe in ("per_tensor", "nvfp4") else EMPTY
     return _follow(op_schema, "input", first_reduced, roles, (ROW, scales, amax, ROW))
 
 
