@@ -300,3 +300,17 @@ def _blocked_positions(m, s, device):
     r = torch.arange(m, device=device)[:, None]
     c = torch.arange(s, device=device)[None, :]
     return blocked_offset(r, c, s).reshape(-1)
+
+
+def assert_compiled_training_matches_eager(f, leaves):
+    """f's output and the leaves' gradients, eager and under
+    torch.compile(fullgraph, aot_eager: inductor's CPU code generation has no
+    E8M0 or FP4 types), bitwise equal."""
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
+        ts = [t.clone().requires_grad_() for t in leaves]
+        out = fn(*ts)
+        out.backward(torch.ones_like(out))
+        results.append([out] + [t.grad for t in ts])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

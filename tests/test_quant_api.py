@@ -11,6 +11,7 @@ import pytest
 import rtcnorm
 import torch
 import torch.nn.functional as F
+from quant_checks import assert_compiled_training_matches_eager
 from reference import assert_close, ref_layer_norm, ref_rms_norm
 
 Q = rtcnorm.Quant
@@ -325,19 +326,11 @@ def test_fake_refuses_like_the_op(case):
 
 @pytest.mark.parametrize("quant", ["per_token", "mxfp8_blocked", "nvfp4"])
 def test_compiled_training_matches_eager(quant):
-    # aot_eager: inductor's CPU code generation has no E8M0 or FP4 types.
     def f(x, w, lw):
         return F.linear(rtcnorm.rms_norm(x, 64, w, quant=QUANTS[quant]()), lw)
 
     leaves = [torch.randn(4, 64), torch.randn(64), torch.randn(8, 64)]
-    results = []
-    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
-        ts = [t.clone().requires_grad_() for t in leaves]
-        out = fn(*ts)
-        out.backward(torch.ones_like(out))
-        results.append([out] + [t.grad for t in ts])
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_compiled_training_matches_eager(f, leaves)
 
 
 @pytest.mark.gpu

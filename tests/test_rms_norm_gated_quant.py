@@ -17,7 +17,15 @@ import rtcnorm
 import torch
 import torch.nn.functional as F
 from gated_checks import gated_inputs, gated_reference
-from quant_checks import RECIPE_IDS, RECIPES, allowed_mismatches, check_quantized, default_scale, rel_for
+from quant_checks import (
+    RECIPE_IDS,
+    RECIPES,
+    allowed_mismatches,
+    assert_compiled_training_matches_eager,
+    check_quantized,
+    default_scale,
+    rel_for,
+)
 from reference import assert_close
 from rtcnorm import _C
 from torch.library import opcheck
@@ -255,19 +263,11 @@ def test_fake_matches_real_and_opcheck(recipe, out_dtype, layout):
 
 @pytest.mark.parametrize("quant", ["per_token_e5m2", "mxfp8_blocked", "nvfp4"])
 def test_compiled_training_matches_eager(quant):
-    # aot_eager: inductor's CPU code generation has no E8M0 or FP4 types.
     def f(x, z, w, lw):
         return F.linear(rtcnorm.rms_norm_gated(x, z, w, group_size=16, quant=QUANTS[quant]()), lw)
 
     leaves = [torch.randn(4, 64), torch.randn(4, 64), torch.randn(64), torch.randn(8, 64)]
-    results = []
-    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
-        ts = [t.clone().requires_grad_() for t in leaves]
-        out = fn(*ts)
-        out.backward(torch.ones_like(out))
-        results.append([out] + [t.grad for t in ts])
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_compiled_training_matches_eager(f, leaves)
 
 
 # ---- the quantizing kernels' plans and NVRTC compiles (no GPU) -----------------
