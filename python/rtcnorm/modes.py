@@ -195,12 +195,12 @@ def _rows_layout(_C, shape, strides, nd: int) -> int:
     if strides is None:
         return 2
     lead = len(shape) - nd
+    if not _C.rows_single_stride(shape, strides, lead):
+        return 0
     inner = math.prod(shape[lead:])
     dense = all(strides[d] == math.prod(shape[d + 1 :]) for d in range(lead, len(shape)) if shape[d] > 1)
-    if dense and (lead == 0 or math.prod(shape[:lead]) == 1 or strides[lead - 1] == inner):
-        if _C.rows_single_stride(shape, strides, lead):
-            return 2
-    return int(_C.rows_single_stride(shape, strides, lead))
+    rows_dense = lead == 0 or math.prod(shape[:lead]) == 1 or strides[lead - 1] == inner
+    return 2 if dense and rows_dense else 1
 
 
 def _check_call(_C, op, shape, dtype, normalized_shape, mode, weight_dtype, affine, bias, residual, on_cpu):
