@@ -22,6 +22,7 @@
 #include "jit/nvrtc.h"
 #include "jit/py_jit.h"
 #include "ops/grid_exchange_buffers.h"
+#include "ops/norm/modes.h"
 #include "ops/norm_common.h"
 #include "ops/norm_plan_memo.h"
 #include "ops/softmax/softmax.h"

@@ -12,6 +12,7 @@
 #include "jit/kernel_cache.h"
 #include "ops/norm/kernel_families.h"
 #include "ops/norm/launch_geometry.h"
+#include "ops/norm/modes.h"
 #include "ops/norm/quant.h"
 #include "ops/norm/tuned_plans.h"
 #include "ops/norm_common.h"

@@ -6,6 +6,8 @@
 
 #include <limits>
 
+#include "ops/norm/modes.h"
+
 namespace rtcnorm {
 
 bool is_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }

@@ -1,9 +1,9 @@
-// The forward's user-facing modes (NormMode, ops/norm/plan/problem.h).
+// The forward's user-facing modes as strings (modes.h).
+#include "ops/norm/modes.h"
+
 #include <c10/util/Exception.h>
 
 #include <string>
-
-#include "ops/norm/plan/problem.h"
 
 namespace rtcnorm {
 

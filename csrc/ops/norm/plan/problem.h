@@ -1,10 +1,7 @@
 // What decides a norm kernel: the problem and the GPU's limits. Plain data, no GPU needed.
 #pragma once
 
-#include <c10/util/string_view.h>
-
 #include <cstdint>
-#include <optional>
 
 #include "jit/dtype.h"
 #include "kernels/common/params.cuh"
@@ -12,11 +9,8 @@
 
 namespace rtcnorm {
 
-// The forward's user-facing modes: kAuto, or designs of one kind of grid.
+// The forward's user-facing modes (their names: ops/norm/modes.h): kAuto, or designs of one kind of grid.
 enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMultiWaveCached };
-// Parses the user's mode string; throws naming `op` and listing valid values.
-NormMode parse_mode(const std::optional<c10::string_view>& mode, const char* op);
-const char* mode_name(NormMode m);
 struct NormProblem {
   NormKind kind = kRmsNorm;
   jit::DType dtype = jit::DType::kFloat32, wdtype = jit::DType::kFloat32;
