@@ -1,7 +1,8 @@
-// Integer helpers shared by the launch planners (ops/norm/plan/,
+// Integer helpers and arch limits shared by the launch planners (ops/norm/plan/,
 // ops/softmax/plan/). Host only; no state.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "jit/dtype.h"
@@ -55,6 +56,25 @@ inline int64_t max_smem_per_block(int arch) {
   if (arch == 80 || arch == 87) return 163 * 1024;
   if (arch >= 90 && arch < 120) return 227 * 1024;
   return 99 * 1024;
+}
+
+// Registers ptxas allows a thread at launch bounds (threads, blocks): four
+// register partitions of 16384 take warps round-robin, 8 registers a step, at most 255.
+inline int regs_at(int threads, int blocks) {
+  const int warps = ((threads + 31) / 32) * std::max(1, blocks);
+  const int per_partition = (warps + 3) / 4;
+  return std::min(255, 16384 / (per_partition * 32) / 8 * 8);
+}
+
+// The most CTAs an SM, at most `blocks` (and at least 1), leaving a thread `need` registers.
+inline int blocks_leaving(int threads, int blocks, int need) {
+  while (blocks > 1 && regs_at(threads, blocks) < need) --blocks;
+  return std::max(1, blocks);
+}
+
+// `blocks` cut to what `limit` bytes of shared memory hold at `smem` a CTA (at least 1).
+inline int fit_smem(int blocks, int64_t smem, int64_t limit) {
+  return smem > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, limit / smem))) : blocks;
 }
 
 }  // namespace rtcnorm

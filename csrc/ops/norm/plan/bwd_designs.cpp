@@ -7,11 +7,10 @@
 namespace rtcnorm {
 namespace {
 
-constexpr int kElemChoices[] = {8, 16, 32};  // elements a thread holds (32: 128 registers)
-constexpr int64_t kMinSliceElems = 2048;     // a slice's elements at least
-constexpr int kColumnLineBytes = 128;        // column_grads: a column CTA's narrowest strip
-constexpr int kSplitColThreads = 256;        // split_row: the column kernel's CTA
-constexpr int kSplitCoefVecs = 4;            // split_row: the coefficient kernel's vectors a thread
+constexpr int64_t kMinSliceElems = 2048;  // a slice's elements at least
+constexpr int kColumnLineBytes = 128;     // column_grads: a column CTA's narrowest strip
+constexpr int kSplitColThreads = 256;     // split_row: the column kernel's CTA
+constexpr int kSplitCoefVecs = 4;         // split_row: the coefficient kernel's vectors a thread
 
 unsigned grad_flags(const NormProblem& p, const BwdWants& w) {
   return base_flags(p) | (w.dh ? kGradDh : 0u) | (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
@@ -24,47 +23,48 @@ int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_t
   return 40 + elems * (1 + w.accums()) + centred + (keep_terms ? 3 * elems : raw);
 }
 
-// Persistent CTAs holding rows (of `slices`) in registers or a 2-3 stage ring.
+// The row designs' flags on rows (or slices) of `hidden`, and the bytes of shared memory
+// combining a CTA's column sums. One row block in one CTA: its column sums are the gradients.
+unsigned row_flags(const NormProblem& p, const BwdWants& w, const Layout& l, int64_t hidden) {
+  const bool direct = hidden == p.hidden && l.row_blocks == 1 && w.accums() > 0;
+  return grad_flags(p, w) | (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
+}
+int64_t combine_bytes(const BwdWants& w, const Layout& l, int64_t hidden) {
+  const int bundles = bwd_bundles(l.tpr, l.rows);
+  return w.accums() > 0 && bundles > 1 ? int64_t{bundles} * hidden * int64_t{sizeof(float)} : 0;
+}
+
+// Persistent CTAs holding rows (of `slices`) in registers or a 2-3 stage ring, 8-32 elements a thread
+// (32: 128 registers).
 void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   const int vec = p.vec();
   const int64_t hidden = p.hidden / slices;
-  for (int elems : kElemChoices) {
-    for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, hidden, std::max(1, elems / vec), cta);
-      if (l.nv * vec > elems || (l.tpr > 512 && p.kind == kLayerNorm)) continue;
-      if (l.tpr > cta && cta != kCtaChoices[0]) continue;
-      const int bundles = bwd_bundles(l.tpr, l.rows);
-      const size_t combine = w.accums() > 0 && bundles > 1 ? size_t(bundles) * hidden * sizeof(float) : 0;
-      for (int stages : {0, 2, 3}) {
-        const bool staged = stages > 0;
-        if (staged && vec * p.esize() != 16) continue;
-        const int64_t ring = int64_t(stages) * l.rows * hidden * p.esize() * (w.dh ? 3 : 2);
-        const size_t smem = std::max<size_t>(combine, static_cast<size_t>(ring));
-        if (static_cast<int64_t>(smem) > gpu.smem_per_cta()) continue;
-        const int need = bwd_row_regs(p, w, l.nv * vec, false);
-        const int blocks = fit_smem(blocks_leaving(l.threads, std::max(1, std::min(4, 2048 / l.threads)), need),
-                                    static_cast<int64_t>(smem), gpu.smem_per_cta());
-        if (regs_at(l.threads, blocks) < need) continue;  // would spill
-        for (int b = blocks; b >= 1 && b >= blocks - 1; --b) {
-          const bool keep_terms = l.nv * vec <= 16 && regs_at(l.threads, b) >= bwd_row_regs(p, w, l.nv * vec, true);
-          const BwdDesign d = slices > 1 ? BwdDesign::kSlicedRow
-                              : staged   ? BwdDesign::kStagedRow
-                                         : BwdDesign::kRegisterRow;
-          // One row block and one CTA: its column sums are the gradients.
-          const bool direct = slices == 1 && l.row_blocks == 1 && w.accums() > 0;
-          const unsigned flags = grad_flags(p, w) | kCachedRow | (keep_terms ? kKeepTerms : 0u) |
-                                 (staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift : kPrefetchNext) |
-                                 (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
-          Candidate& c = add_candidate(out, p, int(d), bwd_family(p.kind), l, l.nv, b,
-                                       bwd_row_regs(p, w, l.nv * vec, keep_terms), flags, gpu.arch);
-          c.knobs.ring_stages = stages;
-          c.knobs.slices = slices;
-          c.knobs.persistent = true;
-          c.smem = smem;
-        }
+  each_layout(p, hidden, {8 / vec, 16 / vec, 32 / vec}, [&](const Layout& l, int nv) {
+    if (l.nv > nv || (l.tpr > 512 && p.kind == kLayerNorm)) return;
+    for (int stages : {0, 2, 3}) {
+      const bool staged = stages > 0;
+      if (staged && vec * p.esize() != 16) continue;
+      const int64_t ring = int64_t(stages) * l.rows * hidden * p.esize() * (w.dh ? 3 : 2);
+      const int64_t smem = std::max(combine_bytes(w, l, hidden), ring);
+      if (smem > gpu.smem_per_cta()) continue;
+      const int need = bwd_row_regs(p, w, l.nv * vec, false);
+      const int blocks =
+          fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), need), smem, gpu.smem_per_cta());
+      if (regs_at(l.threads, blocks) < need) continue;  // would spill
+      const auto d = slices > 1 ? BwdDesign::kSlicedRow : staged ? BwdDesign::kStagedRow : BwdDesign::kRegisterRow;
+      for (int b = blocks; b >= 1 && b >= blocks - 1; --b) {
+        const bool keep_terms = l.nv * vec <= 16 && regs_at(l.threads, b) >= bwd_row_regs(p, w, l.nv * vec, true);
+        const unsigned flags = row_flags(p, w, l, hidden) | kCachedRow | (keep_terms ? kKeepTerms : 0u) |
+                               (staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift : kPrefetchNext);
+        Candidate& c = add_candidate(out, p, int(d), bwd_family(p.kind), l, l.nv, b,
+                                     bwd_row_regs(p, w, l.nv * vec, keep_terms), flags, gpu.arch);
+        c.knobs.ring_stages = stages;
+        c.knobs.slices = slices;
+        c.knobs.persistent = true;
+        c.smem = static_cast<size_t>(smem);
       }
     }
-  }
+  });
 }
 
 // Rows split over a cluster or a cooperative group; staged slices may defer.
@@ -126,30 +126,18 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
 // second pass re-reads x and dy from shared memory).
 void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p)) return;
-  for (int elems : {4, 8, 16})
-    for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, p.hidden, elems, cta);
-      if (l.tpr > 512 && p.kind == kLayerNorm) continue;
-      const int bundles = bwd_bundles(l.tpr, l.rows);
-      const int64_t combine = w.accums() > 0 && bundles > 1 ? int64_t{bundles} * p.hidden * 4 : 0;
-      const int64_t ring = kFlatStages * (w.dh ? 3 : 2) * flat_buffer_elems(l.rows, int(p.hidden), p.esize());
-      const bool direct = l.row_blocks == 1 && w.accums() > 0;
-      add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, elems, cta, 40 + l.nv * (2 + w.accums()),
-               std::max(combine, ring * p.esize()),
-               grad_flags(p, w) | (p.hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u), gpu);
-    }
+  each_layout(p, p.hidden, {4, 8, 16}, [&](const Layout& l, int elems) {
+    if (l.tpr > 512 && p.kind == kLayerNorm) return;
+    add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, elems, 40 + l.nv * (2 + w.accums()),
+             w.dh ? 3 : 2, combine_bytes(w, l, p.hidden), row_flags(p, w, l, p.hidden), gpu);
+  });
 }
 
 }  // namespace
 
 jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
-  jit::KernelKey c = norm_key(p, split_coef_family(p.kind), arch);
-  const int tpr = threads_per_row(p.nvec(), kSplitCoefVecs);
-  c.threads_per_row = static_cast<int16_t>(tpr);
-  c.vecs_per_thread = static_cast<int16_t>(std::min<int64_t>(kSplitCoefVecs, ceil_div(p.nvec(), tpr)));
-  c.flags = base_flags(p);
-  c.variant = 1;
-  return c;
+  const Layout l = layout_of(p, p.hidden, kSplitCoefVecs, 1);  // one row a CTA
+  return norm_key(p, split_coef_family(p.kind), l, std::min(kSplitCoefVecs, l.nv), base_flags(p), 1, arch);
 }
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   row_candidates(p, w, gpu, 1, out);

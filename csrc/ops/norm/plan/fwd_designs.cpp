@@ -8,9 +8,8 @@
 namespace rtcnorm {
 namespace {
 
-constexpr int kVecChoices[] = {1, 2, 4, 8, 16, 32, 64};  // vectors a thread aims at
-constexpr int kRegisterRowBytes = 128;                   // row bytes a thread holds in registers (32 registers)
-constexpr int kMinThreadsPerRow = 4;                     // fewer: a warp's stores scatter over 16+ rows
+constexpr int kRegisterRowBytes = 128;        // row bytes a thread holds in registers (32 registers)
+constexpr int kMinThreadsPerRow = 4;          // fewer: a warp's stores scatter over 16+ rows
 constexpr int kChunkVecs = 8;                 // vectors a thread streams a chunk where no design holds the row
 constexpr int64_t kMinSliceBytes = 8 * 1024;  // narrower slices leave the exchange unpaid
 constexpr int kDeferredStages = 3;            // a deferred-statistics ring
@@ -40,35 +39,31 @@ bool mode_allows(NormMode mode, bool persistent, bool cached) {
          (mode == NormMode::kStaticPersistent ? persistent
                                               : !persistent && cached == (mode == NormMode::kMultiWaveCached));
 }
+// Rows (or slices) held in registers, a thread aiming at 1 - 64 vectors (under twice the row's).
 void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
-  for (int nv_target : kVecChoices) {
-    if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) break;
-    for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, p.hidden / slices, nv_target, cta);
-      // A register holds at most 4 bytes of the row; a lone 16-bit element one.
-      const int raw = l.nv * static_cast<int>(ceil_div(l.vec * p.esize(), 4));
-      if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) continue;
-      if (l.tpr > cta && cta != kCtaChoices[0]) continue;  // one shape of a CTA wider than asked
-      const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
-      const int scalar = p.vec() == 1 ? raw : 0, layer = p.kind == kLayerNorm ? (slices > 1 ? 2 * raw : raw) : 0;
-      const int regs = 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) +
-                       (aff == kPreloadAffine ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0) + scalar +
-                       (p.quant != 0 ? 8 + scalar : 0);
-      const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs);
-      if (regs_at(l.threads, blocks) < regs) continue;  // would spill
-      for (bool persistent : {false, true}) {
-        if (!mode_allows(mode, persistent, true)) continue;
-        const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
-        const unsigned flags = fwd_flags(p) | kCachedRow | memory_flags(p) |
-                               (p.kind == kLayerNorm ? kTwoPassStats : 0u) | (keep_gamma ? kKeepGamma : aff) |
-                               (persistent ? kPrefetchNext : 0u);
-        const int d = int(slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow);
-        Candidate& c = add_candidate(out, p, d, fwd_family(p.kind), l, l.nv, blocks, regs, flags, gpu.arch);
-        c.knobs.persistent = persistent;
-        c.knobs.slices = slices;
-      }
+  const int d = int(slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow);
+  each_layout(p, p.hidden / slices, {1, 2, 4, 8, 16, 32, 64}, [&](const Layout& l, int nv_target) {
+    if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) return;
+    // A register holds at most 4 bytes of the row; a lone 16-bit element one.
+    const int raw = l.nv * static_cast<int>(ceil_div(l.vec * p.esize(), 4));
+    if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) return;
+    const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
+    const int scalar = p.vec() == 1 ? raw : 0, layer = p.kind == kLayerNorm ? (slices > 1 ? 2 * raw : raw) : 0;
+    const int regs = 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) +
+                     (aff == kPreloadAffine ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0) + scalar +
+                     (p.quant != 0 ? 8 + scalar : 0);
+    const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs);
+    if (regs_at(l.threads, blocks) < regs) return;  // would spill
+    for (bool persistent : {false, true}) {
+      if (!mode_allows(mode, persistent, true)) continue;
+      const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
+      const unsigned flags = fwd_flags(p) | kCachedRow | memory_flags(p) | (p.kind == kLayerNorm ? kTwoPassStats : 0u) |
+                             (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
+      Candidate& c = add_candidate(out, p, d, fwd_family(p.kind), l, l.nv, blocks, regs, flags, gpu.arch);
+      c.knobs.persistent = persistent;
+      c.knobs.slices = slices;
     }
-  }
+  });
 }
 
 // Register rows split over 2-16 CTAs; persistent slices may meet in global memory, deferring statistics.
@@ -83,18 +78,17 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
       slice(c, s);
       c.key.flags &= ~(kL1Allocate | kTwoPassStats);
       if (!c.knobs.persistent || c.key.threads_per_row % 32 != 0) continue;
-      const Candidate g = grid_exchange(c);
+      const Candidate g = grid_exchange(c);  // `c` dangles once `out` grows
       out.push_back(g);
       const int64_t stage = int64_t(g.key.rows_per_cta) * (p.hidden / s) * p.esize();
       if (p.residual || g.key.vec * p.esize() != 16 || kDeferredStages * stage > gpu.smem_per_cta()) continue;
-      Candidate d = g;
+      Candidate& d = out.emplace_back(g);
       d.knobs.ring_stages = kDeferredStages;
       d.key.flags &= ~(kPrefetchNext | kKeepGamma | kPreloadAffine | kPrefetchAffine);
       d.key.flags |= kStagedRow | kDeferStats | kStreamStore | (unsigned(kDeferredStages - 2) << kRingExtraShift);
       d.smem = static_cast<size_t>(kDeferredStages * stage);
       d.knobs.blocks_per_sm = fit_smem(d.knobs.blocks_per_sm, d.smem, gpu.smem_per_cta());
       d.key.variant = static_cast<int16_t>(d.knobs.blocks_per_sm);
-      out.push_back(d);
     }
   }
 }
@@ -109,16 +103,16 @@ Candidate& chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const 
   return c;
 }
 void smem_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  for (int nv_target : {4, 8, 16}) {
+  if (!mode_allows(mode, false, true)) return;
+  for (int nv_target : {4, 8, 16})
     for (int cta : {256, 512}) {
       const Layout l = layout_of(p, p.hidden, nv_target, cta);
       const int64_t smem = int64_t(l.rows) * p.row_bytes();
       const int nv = std::min(l.nv, nv_target);
-      if (smem <= gpu.smem_per_cta() && mode_allows(mode, false, true))
+      if (smem <= gpu.smem_per_cta())
         chunked_row(p, gpu, FwdDesign::kSmemRow, l, nv,
                     kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu), smem, out);
     }
-  }
 }
 void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   const Layout l = layout_of(p, p.hidden, kChunkVecs, 256);
@@ -133,14 +127,10 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p) || p.quant != 0 || !mode_allows(mode, true, true)) return;
   const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0);
-  for (int elems : {2, 4, 8, 16, 32})
-    for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, p.hidden, elems, cta);
-      const int64_t buffers = kFlatStages * (p.residual ? 2 : 1);
-      add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, cta, 40 + l.nv * per_elem,
-               buffers * flat_buffer_elems(l.rows, int(p.hidden), p.esize()) * p.esize(),
-               fwd_flags(p) | (memory_flags(p) & kStreamStore), gpu);
-    }
+  each_layout(p, p.hidden, {2, 4, 8, 16, 32}, [&](const Layout& l, int elems) {
+    add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, 40 + l.nv * per_elem,
+             p.residual ? 2 : 1, 0, fwd_flags(p) | (memory_flags(p) & kStreamStore), gpu);
+  });
 }
 
 }  // namespace

@@ -39,14 +39,13 @@ const struct {
                                    {"reload_row", kRowKnobs | bit(Knob::kPersistent)},
                                    {"flat_row", kRowKnobs}}};
 
-NormOverride& override_slot(bool forward) {
-  static NormOverride fwd, bwd;
-  return forward ? fwd : bwd;
-}
+NormOverride g_overrides[2];  // [forward]
+// flat_row: two stages (more measured no faster).
+constexpr int kFlatStages = 2;
 
 // Keeps the candidates an override (else the tuned choice) allows; none: all.
 void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& cands, PlanTrace& trace) {
-  NormOverride o = override_slot(forward);
+  NormOverride o = g_overrides[forward];
   const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < design_count(forward);
   if (use_tuned) o = NormOverride{tuned->design, tuned->knobs, declared_knobs(forward, tuned->design)};
   if (!o.any()) return;
@@ -114,7 +113,8 @@ const char* knob_name(Knob k) { return kKnobs[static_cast<int>(k)].name; }
 int Knobs::get(Knob k) const { return this->*kKnobs[static_cast<int>(k)].field; }
 void Knobs::set(Knob k, int v) { this->*kKnobs[static_cast<int>(k)].field = v; }
 
-jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, int arch) {
+jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, const Layout& l, int nv, unsigned flags,
+                        int variant, int arch) {
   jit::KernelKey k;
   k.family = family;
   k.dtype = p.dtype;
@@ -122,6 +122,11 @@ jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, i
   k.hidden = static_cast<int32_t>(p.hidden);
   k.arch = static_cast<int16_t>(arch);
   k.vec = static_cast<int16_t>(p.vec());
+  k.threads_per_row = static_cast<int16_t>(l.tpr);
+  k.rows_per_cta = static_cast<int16_t>(l.rows);
+  k.vecs_per_thread = static_cast<int16_t>(nv);
+  k.flags = flags;
+  k.variant = static_cast<int16_t>(variant);
   return k;
 }
 unsigned base_flags(const NormProblem& p) {
@@ -148,17 +153,14 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
   c.knobs.cta_threads = l.threads;
   c.knobs.blocks_per_sm = blocks;
   c.row_blocks = l.row_blocks;
-  c.key = norm_key(p, family, arch);
-  c.key.threads_per_row = static_cast<int16_t>(l.tpr);
-  c.key.rows_per_cta = static_cast<int16_t>(l.rows);
-  c.key.vecs_per_thread = static_cast<int16_t>(nv);
-  c.key.flags = flags;
-  c.key.variant = static_cast<int16_t>(blocks);
+  c.key = norm_key(p, family, l, nv, flags, blocks, arch);
   return c;
 }
 void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
-              const Layout& l, int elems, int cta, int regs, int64_t smem, unsigned flags, const Gpu& gpu) {
-  if (l.nv > elems || (l.tpr > cta && cta != kCtaChoices[0]) || smem > gpu.smem_per_cta()) return;
+              const Layout& l, int elems, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu) {
+  const int64_t stages = int64_t{kFlatStages} * streams * flat_buffer_elems(l.rows, int(p.hidden), p.esize());
+  const int64_t smem = std::max(combine, stages * p.esize());
+  if (l.nv > elems || smem > gpu.smem_per_cta()) return;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
   if (regs_at(l.threads, blocks) < regs) return;  // would spill
   Candidate& c = add_candidate(out, p, design, family, l, l.nv, blocks, regs, flags, gpu.arch);
@@ -190,19 +192,8 @@ int threads_per_row(int64_t nvec, int nv) {
   return best;
 }
 
-// Four register partitions of 16384 take warps round-robin, 8 registers a step, at most 255.
-int regs_at(int threads, int blocks) {
-  const int warps = ((threads + 31) / 32) * std::max(1, blocks);
-  const int per_partition = (warps + 3) / 4;
-  return std::min(255, 16384 / (per_partition * 32) / 8 * 8);
-}
-int blocks_leaving(int threads, int blocks, int need) {
-  while (blocks > 1 && regs_at(threads, blocks) < need) --blocks;
-  return std::max(1, blocks);
-}
-
-const NormOverride& norm_override(bool forward) { return override_slot(forward); }
-void set_norm_override(bool forward, const NormOverride& o) { override_slot(forward) = o; }
+const NormOverride& norm_override(bool forward) { return g_overrides[forward]; }
+void set_norm_override(bool forward, const NormOverride& o) { g_overrides[forward] = o; }
 
 int design_from_name(bool forward, const std::string& name) {
   for (int d = 0; d < design_count(forward); ++d)
@@ -213,7 +204,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                           const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
-  const bool every = override_slot(true).design >= 0;
+  const bool every = g_overrides[true].design >= 0;
   // A cached mode no cached design holds reads x twice; one with no quantized epilogue plans as auto.
   for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
     if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
@@ -232,7 +223,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const Gpu gpu{std::max(1, sm_count), arch};
   const BwdWants w{want_dw, want_db, grad_dh};
   std::vector<Candidate> cands;
-  bwd_candidates(p, w, gpu, cands, override_slot(false).design >= 0);
+  bwd_candidates(p, w, gpu, cands, g_overrides[false].design >= 0);
   NormBwdPlan plan;
   const Candidate& best = pick(false, tuned, explain, cands, plan, [&](Candidate& c) { cost_bwd(p, w, gpu, c); });
   plan.design = static_cast<BwdDesign>(best.design);
