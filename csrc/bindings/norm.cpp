@@ -137,7 +137,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   d["design"] = design_name(true, static_cast<int>(f.design));
   d["knobs"] = knobs_dict(declared_knobs(true, static_cast<int>(f.design)), f.knobs);
   d["mode"] = mode_name(f.mode);
-  d["reason"] = explain_fwd(f);
+  d["reason"] = explain_trace(f.trace, true);
   d["candidates"] = candidates_list(f.trace, true);
   d["cost_us"] = f.cost_us;
   d["tuned"] = f.trace.tuned;
@@ -162,7 +162,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   py::dict bd;
   bd["design"] = design_name(false, static_cast<int>(b.design));
   bd["knobs"] = knobs_dict(declared_knobs(false, static_cast<int>(b.design)), b.knobs);
-  bd["reason"] = explain_bwd(b);
+  bd["reason"] = explain_trace(b.trace, false);
   bd["candidates"] = candidates_list(b.trace, false);
   bd["cost_us"] = b.cost_us;
   bd["tuned"] = b.trace.tuned;

@@ -67,9 +67,8 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
   });
 }
 
-// Rows split over a cluster or a cooperative group; staged slices may defer.
+// Rows split over a cluster or a cooperative group (sm_90+); staged slices may defer.
 void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (gpu.arch < 90) return;
   for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
     if (p.nvec() % s != 0 || p.hidden / s < kMinSliceElems) continue;
     const size_t first = out.size();
@@ -77,7 +76,6 @@ void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
     for (size_t i = first, n = out.size(); i < n; ++i) {
       Candidate& c = out[i];
       slice(c, s);
-      c.key.flags &= ~kDirectGrads;
       if (c.knobs.ring_stages < 3 || w.dh || (c.key.flags & kKeepTerms) != 0) continue;
       c.key.flags |= kDeferStats;
       if (c.key.threads_per_row % 32 == 0) out.push_back(grid_exchange(c));
@@ -91,7 +89,7 @@ void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
   std::vector<Candidate> rows;
   row_candidates(p, BwdWants{false, false, w.dh}, gpu, 1, rows);
   for (Candidate c : rows) {
-    c.key.flags |= (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
+    c.key.flags |= (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u) | kColumnGrads;
     const int64_t slots = int64_t{c.knobs.blocks_per_sm} * gpu.sm_count;
     if (c.knobs.ring_stages != 0 || c.row_blocks >= slots) continue;
     const int threads = c.key.threads();
@@ -103,7 +101,6 @@ void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
     if (c.row_blocks + c.col_ctas > slots) continue;
     c.design = static_cast<int>(BwdDesign::kColumnGrads);
     c.col_vecs = cv;
-    c.key.flags = (c.key.flags & ~kDirectGrads) | kColumnGrads;
     c.smem = std::max(c.smem, size_t(2) * threads * c.key.vec * sizeof(float));
     out.push_back(c);
   }
@@ -122,8 +119,8 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
   }
 }
 
-// flat_row: a thread keeps gamma and the dW / dB sums of its elements (the
-// second pass re-reads x and dy from shared memory).
+// flat_row: a thread keeps gamma and the dW / dB sums of its elements (the second pass re-reads x and dy from
+// shared memory).
 void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p)) return;
   each_layout(p, p.hidden, {4, 8, 16}, [&](const Layout& l, int elems) {

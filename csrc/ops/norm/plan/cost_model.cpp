@@ -130,6 +130,9 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   const double streams = w.dh ? 4.0 : 3.0;  // x, dy, dx (and dh)
   Shape s;
   s.bytes = m * row * streams + m * 8.0 + n * p.wsize() * (1 + w.accums());
+  // Each persistent unit writes an fp32 partial row a gradient, read back (split_row: each row tile, priced below).
+  const bool direct = (c.key.flags & (kDirectGrads | kColumnGrads)) != 0;
+  const bool partials = d != BwdDesign::kSplitRow && !direct && w.accums() > 0;
   if (d == BwdDesign::kSplitRow) {
     // The coefficient kernel re-reads x and dy; row tiles (32+ rows) write partial rows.
     s.bytes += m * row * 2.0;
@@ -144,26 +147,22 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     const double rows_per_tile = std::ceil(m / tiles);
     s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
     s.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
-    price_access(p, false, kNarrowBwd, s);
-    finish(p, s, gpu, c);
-    return;
+  } else {
+    s.launches = partials ? 2 : 1;
+    s.reductions = p.kind == kLayerNorm ? 2 : 1;
+    if (d == BwdDesign::kColumnGrads) {
+      // Column CTAs re-read x and dy from L2, a load latency per few rows.
+      const double lanes = std::max(1.0, double(c.key.threads()) / c.col_vecs);
+      s.bytes += m * row * 2.0 * 0.5;
+      s.tail_us = kLatencyUs * std::ceil(m / lanes) / 4.0;
+    }
+    const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
+    s.row_block_bytes = rows * row * (streams - 1.0);
+    s.element_us = kBwdElementUs;
   }
-  const bool direct = (c.key.flags & (kDirectGrads | kColumnGrads)) != 0;
-  s.launches = direct || w.accums() == 0 ? 1 : 2;
-  s.reductions = p.kind == kLayerNorm ? 2 : 1;
-  if (d == BwdDesign::kColumnGrads) {
-    // Column CTAs re-read x and dy from L2, a load latency per few rows.
-    const double lanes = std::max(1.0, double(c.key.threads()) / c.col_vecs);
-    s.bytes += m * row * 2.0 * 0.5;
-    s.tail_us = kLatencyUs * std::ceil(m / lanes) / 4.0;
-  }
-  const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
-  s.row_block_bytes = rows * row * (streams - 1.0);
-  s.element_us = kBwdElementUs;
   price_access(p, d == BwdDesign::kFlatRow, kNarrowBwd, s);
   finish(p, s, gpu, c);
-  // Each persistent unit writes an fp32 partial row a gradient, read back.
-  if (!direct && w.accums() > 0) {
+  if (partials) {
     const double units = double(c.grid) / c.knobs.slices;
     const double partial = units * n * 4.0 * w.accums() * 2.0;
     c.bytes += partial;

@@ -77,11 +77,10 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs a design declares, bit k: Knob k (overrides of others are refused).
 unsigned declared_knobs(bool forward, int design);
-// Shared by the designs (planner.cpp): a problem's kernel key at layout `l`, `nv` vectors a thread, and its
-// base flags; the layout of rows of `hidden` elements (a slice's) over about `cta_threads` threads at about
-// `nv_target` vectors a thread.
+// Shared by the designs (planner.cpp): the layout of rows of `hidden` elements (a slice's) over about
+// `cta_threads` threads at about `nv_target` vectors a thread; a kernel key on it, `nv` vectors a thread.
 struct Layout {
-  int vec = 1, tpr = 1, rows = 1, nv = 1, threads = 1;
+  int tpr = 1, rows = 1, nv = 1, threads = 1;
   int64_t row_blocks = 0;
 };
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, const Layout& l, int nv, unsigned flags,
@@ -89,8 +88,7 @@ jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, c
 unsigned base_flags(const NormProblem& p);
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
 constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
-// Calls f(l, nv) with the layout `l` of rows of `hidden` at each target `nv` and CTA size, but one wider than
-// its CTA asked (kept at the smallest size only).
+// f(l, nv) on the layout `l` of rows of `hidden` at each target `nv` and CTA size, but one wider than asked.
 template <class F>
 void each_layout(const NormProblem& p, int64_t hidden, std::initializer_list<int> nv_targets, F f) {
   for (int nv : nv_targets)
@@ -105,14 +103,11 @@ inline bool flat_worth(const NormProblem& p) { return p.flat && p.vec() * p.esiz
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
                          const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
 // flat_row's candidate (persistent) on layout `l`: `streams` tensors staged, the column sums' `combine` bytes
-// reusing the stages; none where a thread holds more than `elems` elements, it would spill or exceed
-// shared memory, or it repeats one already there.
+// reusing the stages; none where a thread holds over `elems` elements, it spills, exceeds shared memory or repeats.
 void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int elems, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu);
 // A row split over a cluster's `s` CTAs; grid_exchange(): a cooperative launch's, meeting in global memory.
 void slice(Candidate& c, int s);
 Candidate grid_exchange(Candidate c);
-// Threads a row at about `nv` vectors each: a power of two up to a warp, else the multiple of 32 idling fewest.
-int threads_per_row(int64_t nvec, int nv);
 
 }  // namespace rtcnorm

@@ -45,7 +45,7 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
   each_layout(p, p.hidden / slices, {1, 2, 4, 8, 16, 32, 64}, [&](const Layout& l, int nv_target) {
     if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) return;
     // A register holds at most 4 bytes of the row; a lone 16-bit element one.
-    const int raw = l.nv * static_cast<int>(ceil_div(l.vec * p.esize(), 4));
+    const int raw = l.nv * static_cast<int>(ceil_div(p.vec() * p.esize(), 4));
     if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) return;
     const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
     const int scalar = p.vec() == 1 ? raw : 0, layer = p.kind == kLayerNorm ? (slices > 1 ? 2 * raw : raw) : 0;
@@ -56,7 +56,7 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
     if (regs_at(l.threads, blocks) < regs) return;  // would spill
     for (bool persistent : {false, true}) {
       if (!mode_allows(mode, persistent, true)) continue;
-      const bool keep_gamma = persistent && slices == 1 && l.nv * l.vec * p.affine_tensors() <= 16;
+      const bool keep_gamma = persistent && slices == 1 && l.nv * p.vec() * p.affine_tensors() <= 16;
       const unsigned flags = fwd_flags(p) | kCachedRow | memory_flags(p) | (p.kind == kLayerNorm ? kTwoPassStats : 0u) |
                              (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
       Candidate& c = add_candidate(out, p, d, fwd_family(p.kind), l, l.nv, blocks, regs, flags, gpu.arch);
@@ -66,9 +66,8 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
   });
 }
 
-// Register rows split over 2-16 CTAs; persistent slices may meet in global memory, deferring statistics.
+// Register rows split over 2-16 CTAs (sm_90+); persistent slices may meet in global memory, deferring statistics.
 void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (gpu.arch < 90) return;
   for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
     if (p.nvec() % s != 0 || p.row_bytes() / s < kMinSliceBytes) continue;
     const size_t first = out.size();
@@ -96,7 +95,7 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
 // A row streamed in chunks of `nv` vectors a thread (held in `smem`, or read twice).
 Candidate& chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const Layout& l, int nv, unsigned flags,
                        int64_t smem, std::vector<Candidate>& out) {
-  const int regs = 32 + nv * l.vec * p.esize() / 2;
+  const int regs = 32 + nv * p.vec() * p.esize() / 2;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
   Candidate& c = add_candidate(out, p, int(d), fwd_family(p.kind), l, nv, blocks, regs, fwd_flags(p) | flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
@@ -122,8 +121,8 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
           .knobs.persistent = persistent;
 }
 
-// flat_row: a thread holds up to 32 elements, a register each with its
-// gamma / beta, LayerNorm's centred value and the residual's operand and sum.
+// flat_row: a thread holds up to 32 elements, a register each with its gamma / beta, LayerNorm's centred value
+// and the residual's operand and sum.
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p) || p.quant != 0 || !mode_allows(mode, true, true)) return;
   const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0);

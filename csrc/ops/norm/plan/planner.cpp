@@ -4,7 +4,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -48,17 +47,15 @@ void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& ca
   NormOverride o = g_overrides[forward];
   const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < design_count(forward);
   if (use_tuned) o = NormOverride{tuned->design, tuned->knobs, declared_knobs(forward, tuned->design)};
-  if (!o.any()) return;
-  std::vector<Candidate> kept;
-  std::copy_if(cands.begin(), cands.end(), std::back_inserter(kept), [&](const Candidate& c) {
+  const auto refused = [&](const Candidate& c) {
     for (int k = 0; k < kKnobCount; ++k)
-      if ((o.set >> k & 1u) != 0 && c.knobs.get(Knob(k)) != o.knobs.get(Knob(k))) return false;
-    return o.design < 0 || c.design == o.design;
-  });
-  if (kept.empty()) return;
+      if ((o.set >> k & 1u) != 0 && c.knobs.get(Knob(k)) != o.knobs.get(Knob(k))) return true;
+    return o.design >= 0 && c.design != o.design;
+  };
+  if (!o.any() || std::all_of(cands.begin(), cands.end(), refused)) return;
+  cands.erase(std::remove_if(cands.begin(), cands.end(), refused), cands.end());
   trace.forced = !use_tuned;
   trace.tuned = use_tuned;
-  cands.swap(kept);
 }
 
 // Restricts, prices and ranks the candidates (ties in catalogue order); the cheapest fills `plan`.
@@ -82,8 +79,24 @@ const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std:
   return best;
 }
 
-// explain(): the trace as text, built only on request.
-std::string trace_text(const PlanTrace& t, bool forward) {
+// Threads a row at about `nv` vectors each: a power of two up to a warp, else the multiple of 32 idling fewest.
+int threads_per_row(int64_t nvec, int nv) {
+  const int64_t want = ceil_div(nvec, std::max(1, nv));
+  if (want <= 32) return static_cast<int>(pow2_ceil(want));
+  if (want >= 1024) return 1024;
+  int best = 0;
+  int64_t best_idle = -1;
+  for (int v = std::max(1, nv); v >= std::max(1, nv / 2); --v) {
+    const int64_t t = std::min<int64_t>(1024, ceil_div(ceil_div(nvec, v), 32) * 32);
+    const int64_t idle = t * ceil_div(nvec, t) - nvec;
+    if (best_idle < 0 || idle < best_idle) best = static_cast<int>(t), best_idle = idle;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string explain_trace(const PlanTrace& t, bool forward) {
   std::ostringstream os;
   os.precision(3);
   if (t.ranked.empty()) return "";
@@ -104,8 +117,6 @@ std::string trace_text(const PlanTrace& t, bool forward) {
   if (t.tuned) os << " (the measured choice of rtcnorm.tune)";
   return os.str();
 }
-
-}  // namespace
 
 const char* design_name(bool forward, int design) { return kDesigns[forward][design].name; }
 unsigned declared_knobs(bool forward, int design) { return kDesigns[forward][design].knobs; }
@@ -135,8 +146,7 @@ unsigned base_flags(const NormProblem& p) {
 }
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads) {
   Layout l;
-  l.vec = p.vec();
-  const int64_t nvec = hidden / l.vec;
+  const int64_t nvec = hidden / p.vec();
   l.tpr = threads_per_row(nvec, nv_target);
   l.nv = static_cast<int>(ceil_div(nvec, l.tpr));
   l.rows = std::max(1, cta_threads / l.tpr);
@@ -178,19 +188,6 @@ Candidate grid_exchange(Candidate c) {
   c.key.cluster = 1;
   return c;
 }
-int threads_per_row(int64_t nvec, int nv) {
-  const int64_t want = ceil_div(nvec, std::max(1, nv));
-  if (want <= 32) return static_cast<int>(pow2_ceil(want));
-  if (want >= 1024) return 1024;
-  int best = 0;
-  int64_t best_idle = -1;
-  for (int v = std::max(1, nv); v >= std::max(1, nv / 2); --v) {
-    const int64_t t = std::min<int64_t>(1024, ceil_div(ceil_div(nvec, v), 32) * 32);
-    const int64_t idle = t * ceil_div(nvec, t) - nvec;
-    if (best_idle < 0 || idle < best_idle) best = static_cast<int>(t), best_idle = idle;
-  }
-  return best;
-}
 
 const NormOverride& norm_override(bool forward) { return g_overrides[forward]; }
 void set_norm_override(bool forward, const NormOverride& o) { g_overrides[forward] = o; }
@@ -204,10 +201,9 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                           const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
-  const bool every = g_overrides[true].design >= 0;
   // A cached mode no cached design holds reads x twice; one with no quantized epilogue plans as auto.
   for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
-    if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
+    if (cands.empty()) fwd_candidates(p, m, gpu, cands, g_overrides[true].design >= 0);
   NormFwdPlan plan;
   const Candidate& best = pick(true, tuned, explain, cands, plan, [&](Candidate& c) { cost_fwd(p, gpu, c); });
   plan.design = static_cast<FwdDesign>(best.design);
@@ -238,7 +234,5 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
     plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
   return plan;
 }
-std::string explain_fwd(const NormFwdPlan& plan) { return trace_text(plan.trace, true); }
-std::string explain_bwd(const NormBwdPlan& plan) { return trace_text(plan.trace, false); }
 
 }  // namespace rtcnorm

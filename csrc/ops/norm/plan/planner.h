@@ -58,8 +58,7 @@ void set_norm_override(bool forward, const NormOverride& o);
 const NormOverride& norm_override(bool forward);
 // A design's index by name; -1 when unknown.
 int design_from_name(bool forward, const std::string& name);
-// explain(): the plan's trace as text (only on request, never on launches).
-std::string explain_fwd(const NormFwdPlan& plan);
-std::string explain_bwd(const NormBwdPlan& plan);
+// explain(): a plan's trace as text (only on request, never on launches).
+std::string explain_trace(const PlanTrace& trace, bool forward);
 
 }  // namespace rtcnorm
