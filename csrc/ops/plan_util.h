@@ -58,6 +58,9 @@ inline int64_t max_smem_per_block(int arch) {
   return 99 * 1024;
 }
 
+// CTAs of one thread-block cluster: 8 portable, 16 with sm_90's opt-in (none before sm_90).
+inline int max_cluster_ctas(int arch) { return arch < 90 ? 1 : arch == 90 ? 16 : 8; }
+
 // Registers ptxas allows a thread at launch bounds (threads, blocks): four
 // register partitions of 16384 take warps round-robin, 8 registers a step, at most 255.
 inline int regs_at(int threads, int blocks) {

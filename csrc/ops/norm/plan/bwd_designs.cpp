@@ -12,9 +12,7 @@ constexpr int kColumnLineBytes = 128;     // column_grads: a column CTA's narrow
 constexpr int kSplitColThreads = 256;     // split_row: the column kernel's CTA
 constexpr int kSplitCoefVecs = 4;         // split_row: the coefficient kernel's vectors a thread
 
-unsigned grad_flags(const NormProblem& p, const BwdWants& w) {
-  return base_flags(p) | (w.dh ? kGradDh : 0u) | (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u);
-}
+unsigned grad_flags(const BwdWants& w) { return (w.dh ? kGradDh : 0u) | (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u); }
 
 // Registers a thread holding `elems` elements of x and dy (and dh) needs (docs/designs.md).
 int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_terms) {
@@ -26,8 +24,8 @@ int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_t
 // The row designs' flags on rows (or slices) of `hidden`, and the bytes of shared memory
 // combining a CTA's column sums. One row block in one CTA: its column sums are the gradients.
 unsigned row_flags(const NormProblem& p, const BwdWants& w, const Layout& l, int64_t hidden) {
-  const bool direct = hidden == p.hidden && l.row_blocks == 1 && w.accums() > 0;
-  return grad_flags(p, w) | (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
+  const bool direct = l.slices == 1 && l.row_blocks == 1 && w.accums() > 0;
+  return grad_flags(w) | (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
 }
 int64_t combine_bytes(const BwdWants& w, const Layout& l, int64_t hidden) {
   const int bundles = bwd_bundles(l.tpr, l.rows);
@@ -39,7 +37,7 @@ int64_t combine_bytes(const BwdWants& w, const Layout& l, int64_t hidden) {
 void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   const int vec = p.vec();
   const int64_t hidden = p.hidden / slices;
-  each_layout(p, hidden, {8 / vec, 16 / vec, 32 / vec}, [&](const Layout& l, int nv) {
+  each_layout(p, slices, {8 / vec, 16 / vec, 32 / vec}, [&](const Layout& l, int nv) {
     if (l.nv > nv || (l.tpr > 512 && p.kind == kLayerNorm)) return;
     for (int stages : {0, 2, 3}) {
       const bool staged = stages > 0;
@@ -59,7 +57,6 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
         Candidate& c = add_candidate(out, p, int(d), bwd_family(p.kind), l, l.nv, b,
                                      bwd_row_regs(p, w, l.nv * vec, keep_terms), flags, gpu.arch);
         c.knobs.ring_stages = stages;
-        c.knobs.slices = slices;
         c.knobs.persistent = true;
         c.smem = static_cast<size_t>(smem);
       }
@@ -69,13 +66,12 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
 
 // Rows split over a cluster or a cooperative group (sm_90+); staged slices may defer.
 void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
-  for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
+  for (int s = 2; s <= max_cluster_ctas(gpu.arch); s *= 2) {
     if (p.nvec() % s != 0 || p.hidden / s < kMinSliceElems) continue;
     const size_t first = out.size();
     row_candidates(p, w, gpu, s, out);
     for (size_t i = first, n = out.size(); i < n; ++i) {
       Candidate& c = out[i];
-      slice(c, s);
       if (c.knobs.ring_stages < 3 || w.dh || (c.key.flags & kKeepTerms) != 0) continue;
       c.key.flags |= kDeferStats;
       if (c.key.threads_per_row % 32 == 0) out.push_back(grid_exchange(c));
@@ -115,7 +111,7 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
     const int regs = 40 + rows_in_flight * p.vec() * p.esize() * (w.dh ? 3 : 2) / 4 + p.vec() * w.accums();
     if (regs > regs_at(l.threads, 2)) continue;  // would spill
     add_candidate(out, p, int(BwdDesign::kSplitRow), split_cols_family(p.kind), l, rows_in_flight, 2, regs,
-                  grad_flags(p, w) | kStreamStore, gpu.arch);
+                  grad_flags(w) | kStreamStore, gpu.arch);
   }
 }
 
@@ -123,7 +119,7 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
 // shared memory).
 void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p)) return;
-  each_layout(p, p.hidden, {4, 8, 16}, [&](const Layout& l, int elems) {
+  each_layout(p, 1, {4, 8, 16}, [&](const Layout& l, int elems) {
     if (l.tpr > 512 && p.kind == kLayerNorm) return;
     add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, elems, 40 + l.nv * (2 + w.accums()),
              w.dh ? 3 : 2, combine_bytes(w, l, p.hidden), row_flags(p, w, l, p.hidden), gpu);
@@ -133,8 +129,8 @@ void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, st
 }  // namespace
 
 jit::KernelKey split_coef_key(const NormProblem& p, int arch) {
-  const Layout l = layout_of(p, p.hidden, kSplitCoefVecs, 1);  // one row a CTA
-  return norm_key(p, split_coef_family(p.kind), l, std::min(kSplitCoefVecs, l.nv), base_flags(p), 1, arch);
+  const Layout l = layout_of(p, 1, kSplitCoefVecs, 1);  // one row a CTA
+  return norm_key(p, split_coef_family(p.kind), l, std::min(kSplitCoefVecs, l.nv), 0, 1, arch);
 }
 void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   row_candidates(p, w, gpu, 1, out);

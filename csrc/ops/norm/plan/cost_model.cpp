@@ -19,9 +19,8 @@ constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds
 constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
 constexpr double kSplitEfficiency = 0.6;  // the split column kernel walks rows down columns
 constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
-// Rows read in 2-byte accesses (16-bit elements, N odd) reach this much of
-// copy, plus the rest in proportion to an access's bytes: the forward's one
-// stream, the backward's two (x and dy) with their loads a thread.
+// Rows read in 2-byte accesses (16-bit elements, N odd) reach this much of copy, plus the rest in proportion to an
+// access's bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
 constexpr int64_t kSmemPerSm = 228 * 1024;
 
@@ -64,9 +63,8 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   const double thread_bytes = cta_bytes / std::max(1, threads);
   const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
   const double duty = thread_bytes / (thread_bytes + kBarrierBytes * warps);
-  // In one wave every CTA requests its rows at launch: the duty thins
-  // nothing. A CTA whose next row block's loads fly while it works requests
-  // for two.
+  // In one wave every CTA requests its rows at launch: the duty thins nothing. A CTA whose next row block's loads fly
+  // while it works requests for two.
   const bool one_shot = rounds <= 1 && !s.walks_rows;
   const double requesters = std::max(1.0, ctas_per_sm) * (s.loads_ahead ? 2.0 : 1.0);
   const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, requesters);
@@ -89,10 +87,9 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   c.us = std::max(stream, chain) + kPartialOverlap * std::min(stream, chain) + kLaunchUs * (s.launches - 1);
 }
 
-// The rows' access width: flat_row reads 16-byte pieces whatever N is (and
-// passes them through shared memory, a barrier before its stores, with the
-// next row block's copies in flight); every other design reads vectors that
-// divide N, priced below copy where they are 2-byte loads.
+// The rows' access width: flat_row reads 16-byte pieces whatever N is (and passes them through shared memory, a barrier
+// before its stores, with the next row block's copies in flight); every other design reads vectors that divide N,
+// priced below copy where they are 2-byte loads.
 void price_access(const NormProblem& p, bool flat, double narrow, Shape& s) {
   if (flat) {
     s.smem_pass = true;

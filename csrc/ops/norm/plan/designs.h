@@ -77,24 +77,23 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs a design declares, bit k: Knob k (overrides of others are refused).
 unsigned declared_knobs(bool forward, int design);
-// Shared by the designs (planner.cpp): the layout of rows of `hidden` elements (a slice's) over about
-// `cta_threads` threads at about `nv_target` vectors a thread; a kernel key on it, `nv` vectors a thread.
+// Shared by the designs (planner.cpp): the layout of rows split over `slices` CTAs (a cluster's) over about
+// `cta_threads` threads at about `nv_target` vectors a thread; a kernel key on it, `nv` vectors a thread, its
+// flags `flags` and the problem's own (weight, zero-centred gamma, single stride).
 struct Layout {
-  int tpr = 1, rows = 1, nv = 1, threads = 1;
+  int tpr = 1, rows = 1, nv = 1, threads = 1, slices = 1;
   int64_t row_blocks = 0;
 };
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, const Layout& l, int nv, unsigned flags,
                         int variant, int arch);
-unsigned base_flags(const NormProblem& p);
-Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
-constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
-// f(l, nv) on the layout `l` of rows of `hidden` at each target `nv` and CTA size, but one wider than asked.
+Layout layout_of(const NormProblem& p, int slices, int nv_target, int cta_threads);
+// f(l, nv) on the layout `l` at each target `nv` and each of the row designs' CTA sizes, but one wider than asked.
 template <class F>
-void each_layout(const NormProblem& p, int64_t hidden, std::initializer_list<int> nv_targets, F f) {
+void each_layout(const NormProblem& p, int slices, std::initializer_list<int> nv_targets, F f) {
   for (int nv : nv_targets)
-    for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, hidden, nv, cta);
-      if (l.tpr <= cta || cta == kCtaChoices[0]) f(l, nv);
+    for (int cta : {128, 256, 512, 1024}) {
+      const Layout l = layout_of(p, slices, nv, cta);
+      if (l.tpr <= cta || cta == 128) f(l, nv);
     }
 }
 // flat_row is planned for 2-byte accesses (16-bit, N odd).
@@ -106,8 +105,7 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
 // reusing the stages; none where a thread holds over `elems` elements, it spills, exceeds shared memory or repeats.
 void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int elems, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu);
-// A row split over a cluster's `s` CTAs; grid_exchange(): a cooperative launch's, meeting in global memory.
-void slice(Candidate& c, int s);
+// A sliced row's candidate as a cooperative launch's, its slices meeting in global memory.
 Candidate grid_exchange(Candidate c);
 
 }  // namespace rtcnorm

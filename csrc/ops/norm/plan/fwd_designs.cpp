@@ -15,7 +15,7 @@ constexpr int64_t kMinSliceBytes = 8 * 1024;  // narrower slices leave the excha
 constexpr int kDeferredStages = 3;            // a deferred-statistics ring
 
 unsigned fwd_flags(const NormProblem& p) {
-  return base_flags(p) | (p.has_bias ? kHasBias : 0u) | (p.residual ? kResidual : 0u) | p.quant;
+  return (p.has_bias ? kHasBias : 0u) | (p.residual ? kResidual : 0u) | p.quant;
 }
 // A quantized output's conditions (docs/designs.md).
 bool carries_epilogue(const NormProblem& p, const Candidate& c) {
@@ -42,7 +42,7 @@ bool mode_allows(NormMode mode, bool persistent, bool cached) {
 // Rows (or slices) held in registers, a thread aiming at 1 - 64 vectors (under twice the row's).
 void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   const int d = int(slices > 1 ? FwdDesign::kSlicedRow : FwdDesign::kRegisterRow);
-  each_layout(p, p.hidden / slices, {1, 2, 4, 8, 16, 32, 64}, [&](const Layout& l, int nv_target) {
+  each_layout(p, slices, {1, 2, 4, 8, 16, 32, 64}, [&](const Layout& l, int nv_target) {
     if (nv_target > 1 && nv_target / 2 >= p.nvec() / slices) return;
     // A register holds at most 4 bytes of the row; a lone 16-bit element one.
     const int raw = l.nv * static_cast<int>(ceil_div(p.vec() * p.esize(), 4));
@@ -61,20 +61,18 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
                              (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
       Candidate& c = add_candidate(out, p, d, fwd_family(p.kind), l, l.nv, blocks, regs, flags, gpu.arch);
       c.knobs.persistent = persistent;
-      c.knobs.slices = slices;
     }
   });
 }
 
 // Register rows split over 2-16 CTAs (sm_90+); persistent slices may meet in global memory, deferring statistics.
 void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  for (int s = 2; s <= gpu.max_cluster(); s *= 2) {
+  for (int s = 2; s <= max_cluster_ctas(gpu.arch); s *= 2) {
     if (p.nvec() % s != 0 || p.row_bytes() / s < kMinSliceBytes) continue;
     const size_t first = out.size();
     register_rows(p, mode, gpu, s, out);
     for (size_t i = first, n = out.size(); i < n; ++i) {
       Candidate& c = out[i];
-      slice(c, s);
       c.key.flags &= ~(kL1Allocate | kTwoPassStats);
       if (!c.knobs.persistent || c.key.threads_per_row % 32 != 0) continue;
       const Candidate g = grid_exchange(c);  // `c` dangles once `out` grows
@@ -92,33 +90,30 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
   }
 }
 
-// A row streamed in chunks of `nv` vectors a thread (held in `smem`, or read twice).
-Candidate& chunked_row(const NormProblem& p, const Gpu& gpu, FwdDesign d, const Layout& l, int nv, unsigned flags,
-                       int64_t smem, std::vector<Candidate>& out) {
-  const int regs = 32 + nv * p.vec() * p.esize() / 2;
+// A row streamed in chunks of up to `nv_target` vectors a thread: the CTA's rows `held` in shared memory
+// (smem_row, where they fit), else read twice (reload_row).
+void chunked_row(const NormProblem& p, const Gpu& gpu, bool held, int nv_target, int cta, bool persistent,
+                 std::vector<Candidate>& out) {
+  const Layout l = layout_of(p, 1, nv_target, cta);
+  const int nv = std::min(l.nv, nv_target), regs = 32 + nv * p.vec() * p.esize() / 2;
+  const int64_t smem = held ? int64_t(l.rows) * p.row_bytes() : 0;
+  if (smem > gpu.smem_per_cta()) return;
+  const unsigned flags =
+      held ? kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu) : memory_flags(p) & ~kL1Allocate;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
+  const auto d = held ? FwdDesign::kSmemRow : FwdDesign::kReloadRow;
   Candidate& c = add_candidate(out, p, int(d), fwd_family(p.kind), l, nv, blocks, regs, fwd_flags(p) | flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
-  return c;
+  c.knobs.persistent = persistent;
 }
 void smem_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!mode_allows(mode, false, true)) return;
   for (int nv_target : {4, 8, 16})
-    for (int cta : {256, 512}) {
-      const Layout l = layout_of(p, p.hidden, nv_target, cta);
-      const int64_t smem = int64_t(l.rows) * p.row_bytes();
-      const int nv = std::min(l.nv, nv_target);
-      if (smem <= gpu.smem_per_cta())
-        chunked_row(p, gpu, FwdDesign::kSmemRow, l, nv,
-                    kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu), smem, out);
-    }
+    for (int cta : {256, 512}) chunked_row(p, gpu, true, nv_target, cta, false, out);
 }
 void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  const Layout l = layout_of(p, p.hidden, kChunkVecs, 256);
   for (bool persistent : {false, true})
-    if (mode_allows(mode, persistent, false))
-      chunked_row(p, gpu, FwdDesign::kReloadRow, l, std::min(l.nv, kChunkVecs), memory_flags(p) & ~kL1Allocate, 0, out)
-          .knobs.persistent = persistent;
+    if (mode_allows(mode, persistent, false)) chunked_row(p, gpu, false, kChunkVecs, 256, persistent, out);
 }
 
 // flat_row: a thread holds up to 32 elements, a register each with its gamma / beta, LayerNorm's centred value
@@ -126,7 +121,7 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p) || p.quant != 0 || !mode_allows(mode, true, true)) return;
   const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0);
-  each_layout(p, p.hidden, {2, 4, 8, 16, 32}, [&](const Layout& l, int elems) {
+  each_layout(p, 1, {2, 4, 8, 16, 32}, [&](const Layout& l, int elems) {
     add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, 40 + l.nv * per_elem,
              p.residual ? 2 : 1, 0, fwd_flags(p) | (memory_flags(p) & kStreamStore), gpu);
   });

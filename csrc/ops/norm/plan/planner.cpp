@@ -42,8 +42,11 @@ NormOverride g_overrides[2];  // [forward]
 // flat_row: two stages (more measured no faster).
 constexpr int kFlatStages = 2;
 
-// Keeps the candidates an override (else the tuned choice) allows; none: all.
-void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& cands, PlanTrace& trace) {
+// Keeps the candidates an override (else the tuned choice) allows (if none: all), prices and ranks them (ties in
+// catalogue order); the cheapest fills `plan`.
+template <class Cost>
+const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std::vector<Candidate>& cands,
+                      NormPlan& plan, Cost cost) {
   NormOverride o = g_overrides[forward];
   const bool use_tuned = !o.any() && tuned != nullptr && tuned->design >= 0 && tuned->design < design_count(forward);
   if (use_tuned) o = NormOverride{tuned->design, tuned->knobs, declared_knobs(forward, tuned->design)};
@@ -52,17 +55,11 @@ void restrict(bool forward, const TunedChoice* tuned, std::vector<Candidate>& ca
       if ((o.set >> k & 1u) != 0 && c.knobs.get(Knob(k)) != o.knobs.get(Knob(k))) return true;
     return o.design >= 0 && c.design != o.design;
   };
-  if (!o.any() || std::all_of(cands.begin(), cands.end(), refused)) return;
-  cands.erase(std::remove_if(cands.begin(), cands.end(), refused), cands.end());
-  trace.forced = !use_tuned;
-  trace.tuned = use_tuned;
-}
-
-// Restricts, prices and ranks the candidates (ties in catalogue order); the cheapest fills `plan`.
-template <class Cost>
-const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std::vector<Candidate>& cands,
-                      NormPlan& plan, Cost cost) {
-  restrict(forward, tuned, cands, plan.trace);
+  if (o.any() && !std::all_of(cands.begin(), cands.end(), refused)) {
+    cands.erase(std::remove_if(cands.begin(), cands.end(), refused), cands.end());
+    plan.trace.forced = !use_tuned;
+    plan.trace.tuned = use_tuned;
+  }
   for (Candidate& c : cands) cost(c);
   TORCH_INTERNAL_ASSERT(!cands.empty(), "rtcnorm: the norm catalogue has no feasible design");
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.us < b.us; });
@@ -136,17 +133,17 @@ jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, c
   k.threads_per_row = static_cast<int16_t>(l.tpr);
   k.rows_per_cta = static_cast<int16_t>(l.rows);
   k.vecs_per_thread = static_cast<int16_t>(nv);
-  k.flags = flags;
+  k.flags = flags | (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
+            (p.single_stride ? kSingleStride : 0u) |
+            (l.slices == 16 ? kCluster16 : log2_of_pow2(l.slices) << kClusterShift);
+  k.cluster = static_cast<int16_t>(l.slices);
   k.variant = static_cast<int16_t>(variant);
   return k;
 }
-unsigned base_flags(const NormProblem& p) {
-  return (p.has_weight ? kHasWeight : 0u) | (p.zero_centered ? kZeroCentered : 0u) |
-         (p.single_stride ? kSingleStride : 0u);
-}
-Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads) {
+Layout layout_of(const NormProblem& p, int slices, int nv_target, int cta_threads) {
   Layout l;
-  const int64_t nvec = hidden / p.vec();
+  l.slices = slices;
+  const int64_t nvec = p.nvec() / slices;
   l.tpr = threads_per_row(nvec, nv_target);
   l.nv = static_cast<int>(ceil_div(nvec, l.tpr));
   l.rows = std::max(1, cta_threads / l.tpr);
@@ -162,6 +159,7 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
   c.knobs.vecs_per_thread = nv;
   c.knobs.cta_threads = l.threads;
   c.knobs.blocks_per_sm = blocks;
+  c.knobs.slices = l.slices;
   c.row_blocks = l.row_blocks;
   c.key = norm_key(p, family, l, nv, flags, blocks, arch);
   return c;
@@ -177,10 +175,6 @@ void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, con
   c.smem = static_cast<size_t>(smem);
   c.knobs.persistent = true;
   if (std::any_of(out.begin(), out.end() - 1, [&](const Candidate& o) { return o.key == c.key; })) out.pop_back();
-}
-void slice(Candidate& c, int s) {
-  c.key.cluster = static_cast<int16_t>(s);
-  c.key.flags |= s == 16 ? kCluster16 : log2_of_pow2(s) << kClusterShift;
 }
 Candidate grid_exchange(Candidate c) {
   c.knobs.grid_exchange = true;

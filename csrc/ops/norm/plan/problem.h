@@ -40,8 +40,6 @@ struct BwdWants {
 struct Gpu {
   int sm_count = 132, arch = 90;
   int64_t smem_per_cta() const { return max_smem_per_block(arch); }
-  // CTAs of one thread-block cluster: 8 portable, 16 with sm_90's opt-in.
-  int max_cluster() const { return arch < 90 ? 1 : arch == 90 ? 16 : 8; }
 };
 
 }  // namespace rtcnorm
