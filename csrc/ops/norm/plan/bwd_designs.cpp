@@ -12,8 +12,6 @@ constexpr int kColumnLineBytes = 128;     // column_grads: a column CTA's narrow
 constexpr int kSplitColThreads = 256;     // split_row: the column kernel's CTA
 constexpr int kSplitCoefVecs = 4;         // split_row: the coefficient kernel's vectors a thread
 
-unsigned grad_flags(const BwdWants& w) { return (w.dh ? kGradDh : 0u) | (w.dw ? kWantDw : 0u) | (w.db ? kWantDb : 0u); }
-
 // Registers a thread holding `elems` elements of x and dy (and dh) needs (docs/designs.md).
 int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_terms) {
   const int raw = elems / p.vec() * static_cast<int>(ceil_div(p.vec() * p.esize(), 4)) * (w.dh ? 3 : 2);
@@ -25,7 +23,7 @@ int bwd_row_regs(const NormProblem& p, const BwdWants& w, int elems, bool keep_t
 // combining a CTA's column sums. One row block in one CTA: its column sums are the gradients.
 unsigned row_flags(const NormProblem& p, const BwdWants& w, const Layout& l, int64_t hidden) {
   const bool direct = l.slices == 1 && l.row_blocks == 1 && w.accums() > 0;
-  return grad_flags(w) | (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
+  return w.flags() | (hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
 }
 int64_t combine_bytes(const BwdWants& w, const Layout& l, int64_t hidden) {
   const int bundles = bwd_bundles(l.tpr, l.rows);
@@ -111,7 +109,7 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
     const int regs = 40 + rows_in_flight * p.vec() * p.esize() * (w.dh ? 3 : 2) / 4 + p.vec() * w.accums();
     if (regs > regs_at(l.threads, 2)) continue;  // would spill
     add_candidate(out, p, int(BwdDesign::kSplitRow), split_cols_family(p.kind), l, rows_in_flight, 2, regs,
-                  grad_flags(w) | kStreamStore, gpu.arch);
+                  w.flags() | kStreamStore, gpu.arch);
   }
 }
 

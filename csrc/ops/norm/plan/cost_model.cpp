@@ -160,8 +160,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   price_access(p, d == BwdDesign::kFlatRow, kNarrowBwd, s);
   finish(p, s, gpu, c);
   if (partials) {
-    const double units = double(c.grid) / c.knobs.slices;
-    const double partial = units * n * 4.0 * w.accums() * 2.0;
+    const double partial = double(c.grid) / c.knobs.slices * n * 4.0 * w.accums() * 2.0;
     c.bytes += partial;
     c.us += partial / (dram_bytes_per_us(gpu) * std::max(0.05, c.efficiency));
   }

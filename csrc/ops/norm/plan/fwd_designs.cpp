@@ -14,13 +14,9 @@ constexpr int kChunkVecs = 8;                 // vectors a thread streams a chun
 constexpr int64_t kMinSliceBytes = 8 * 1024;  // narrower slices leave the exchange unpaid
 constexpr int kDeferredStages = 3;            // a deferred-statistics ring
 
-unsigned fwd_flags(const NormProblem& p) {
-  return (p.has_bias ? kHasBias : 0u) | (p.residual ? kResidual : 0u) | p.quant;
-}
-// A quantized output's conditions (docs/designs.md).
+// A quantized output's conditions (docs/designs.md; it needs a row in one CTA: no slices are planned for it).
 bool carries_epilogue(const NormProblem& p, const Candidate& c) {
   if (p.quant == 0) return true;
-  if (c.knobs.slices > 1 || c.key.cluster > 1) return false;
   const int block = quant::block_of(p.recipe());
   return block == 0 || p.hidden <= block || c.key.threads_per_row >= block / c.key.vec;
 }
@@ -57,8 +53,9 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
     for (bool persistent : {false, true}) {
       if (!mode_allows(mode, persistent, true)) continue;
       const bool keep_gamma = persistent && slices == 1 && l.nv * p.vec() * p.affine_tensors() <= 16;
-      const unsigned flags = fwd_flags(p) | kCachedRow | memory_flags(p) | (p.kind == kLayerNorm ? kTwoPassStats : 0u) |
-                             (keep_gamma ? kKeepGamma : aff) | (persistent ? kPrefetchNext : 0u);
+      const unsigned flags = p.fwd_flags() | kCachedRow | memory_flags(p) |
+                             (p.kind == kLayerNorm ? kTwoPassStats : 0u) | (keep_gamma ? kKeepGamma : aff) |
+                             (persistent ? kPrefetchNext : 0u);
       Candidate& c = add_candidate(out, p, d, fwd_family(p.kind), l, l.nv, blocks, regs, flags, gpu.arch);
       c.knobs.persistent = persistent;
     }
@@ -90,30 +87,21 @@ void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
   }
 }
 
-// A row streamed in chunks of up to `nv_target` vectors a thread: the CTA's rows `held` in shared memory
-// (smem_row, where they fit), else read twice (reload_row).
-void chunked_row(const NormProblem& p, const Gpu& gpu, bool held, int nv_target, int cta, bool persistent,
-                 std::vector<Candidate>& out) {
+// A row streamed in chunks of up to `nv_target` vectors a thread: the CTA's rows held in shared memory (`in_smem`:
+// smem_row, where they fit), else read twice (reload_row).
+void chunked_row(const NormProblem& p, NormMode mode, const Gpu& gpu, bool in_smem, int nv_target, int cta,
+                 bool persistent, std::vector<Candidate>& out) {
   const Layout l = layout_of(p, 1, nv_target, cta);
   const int nv = std::min(l.nv, nv_target), regs = 32 + nv * p.vec() * p.esize() / 2;
-  const int64_t smem = held ? int64_t(l.rows) * p.row_bytes() : 0;
-  if (smem > gpu.smem_per_cta()) return;
-  const unsigned flags =
-      held ? kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu) : memory_flags(p) & ~kL1Allocate;
+  const int64_t smem = in_smem ? int64_t(l.rows) * p.row_bytes() : 0;
+  if (smem > gpu.smem_per_cta() || !mode_allows(mode, persistent, in_smem)) return;
+  const unsigned flags = p.fwd_flags() | (in_smem ? kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu)
+                                                  : memory_flags(p) & ~kL1Allocate);
   const int blocks = fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
-  const auto d = held ? FwdDesign::kSmemRow : FwdDesign::kReloadRow;
-  Candidate& c = add_candidate(out, p, int(d), fwd_family(p.kind), l, nv, blocks, regs, fwd_flags(p) | flags, gpu.arch);
+  const auto d = in_smem ? FwdDesign::kSmemRow : FwdDesign::kReloadRow;
+  Candidate& c = add_candidate(out, p, int(d), fwd_family(p.kind), l, nv, blocks, regs, flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
   c.knobs.persistent = persistent;
-}
-void smem_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (!mode_allows(mode, false, true)) return;
-  for (int nv_target : {4, 8, 16})
-    for (int cta : {256, 512}) chunked_row(p, gpu, true, nv_target, cta, false, out);
-}
-void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  for (bool persistent : {false, true})
-    if (mode_allows(mode, persistent, false)) chunked_row(p, gpu, false, kChunkVecs, 256, persistent, out);
 }
 
 // flat_row: a thread holds up to 32 elements, a register each with its gamma / beta, LayerNorm's centred value
@@ -123,7 +111,7 @@ void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<
   const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0);
   each_layout(p, 1, {2, 4, 8, 16, 32}, [&](const Layout& l, int elems) {
     add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, 40 + l.nv * per_elem,
-             p.residual ? 2 : 1, 0, fwd_flags(p) | (memory_flags(p) & kStreamStore), gpu);
+             p.residual ? 2 : 1, 0, p.fwd_flags() | (memory_flags(p) & kStreamStore), gpu);
   });
 }
 
@@ -131,12 +119,14 @@ void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<
 
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   register_rows(p, mode, gpu, 1, out);
-  // Unless `every`: shared-memory rows if registers cannot hold a row; slices also for fewer rows than SMs.
+  // Unless `every`: shared-memory rows if registers cannot hold a row; slices also for fewer rows than SMs. Rows
+  // read twice (one layout, either grid) fit any width.
   const bool held = !out.empty();
-  if (every || !held || p.residual) smem_rows(p, mode, gpu, out);
-  if (!p.residual && p.quant == 0 && mode != NormMode::kMultiWaveReload && (every || !held || p.rows < gpu.sm_count))
-    sliced_rows(p, mode, gpu, out);
-  reload_rows(p, mode, gpu, out);
+  if (every || !held || p.residual)
+    for (int nv_target : {4, 8, 16})
+      for (int cta : {256, 512}) chunked_row(p, mode, gpu, true, nv_target, cta, false, out);
+  if (!p.residual && p.quant == 0 && (every || !held || p.rows < gpu.sm_count)) sliced_rows(p, mode, gpu, out);
+  for (bool persistent : {false, true}) chunked_row(p, mode, gpu, false, kChunkVecs, 256, persistent, out);
   flat_rows(p, mode, gpu, out);
   out.erase(std::remove_if(out.begin(), out.end(), [&](const Candidate& c) { return !carries_epilogue(p, c); }),
             out.end());

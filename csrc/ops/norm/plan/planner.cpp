@@ -38,9 +38,8 @@ const struct {
                                    {"reload_row", kRowKnobs | bit(Knob::kPersistent)},
                                    {"flat_row", kRowKnobs}}};
 
-NormOverride g_overrides[2];  // [forward]
-// flat_row: two stages (more measured no faster).
-constexpr int kFlatStages = 2;
+NormOverride g_overrides[2];    // [forward]
+constexpr int kFlatStages = 2;  // flat_row's (more measured no faster)
 
 // Keeps the candidates an override (else the tuned choice) allows (if none: all), prices and ranks them (ties in
 // catalogue order); the cheapest fills `plan`.
@@ -81,14 +80,13 @@ int threads_per_row(int64_t nvec, int nv) {
   const int64_t want = ceil_div(nvec, std::max(1, nv));
   if (want <= 32) return static_cast<int>(pow2_ceil(want));
   if (want >= 1024) return 1024;
-  int best = 0;
-  int64_t best_idle = -1;
+  int64_t best = 0, best_idle = -1;
   for (int v = std::max(1, nv); v >= std::max(1, nv / 2); --v) {
     const int64_t t = std::min<int64_t>(1024, ceil_div(ceil_div(nvec, v), 32) * 32);
     const int64_t idle = t * ceil_div(nvec, t) - nvec;
-    if (best_idle < 0 || idle < best_idle) best = static_cast<int>(t), best_idle = idle;
+    if (best_idle < 0 || idle < best_idle) best = t, best_idle = idle;
   }
-  return best;
+  return static_cast<int>(best);
 }
 
 }  // namespace

@@ -30,11 +30,13 @@ struct NormProblem {
   int64_t nvec() const { return hidden / vec(); }
   int64_t row_bytes() const { return hidden * esize(); }
   unsigned recipe() const { return (quant & kQuantBits) >> kQuantShift; }
+  unsigned fwd_flags() const { return (has_bias ? kHasBias : 0u) | (residual ? kResidual : 0u) | quant; }
 };
 // What the backward computes besides dx (dh: the residual sum's incoming gradient, added to dx).
 struct BwdWants {
   bool dw = false, db = false, dh = false;
   int accums() const { return int(dw) + int(db); }
+  unsigned flags() const { return (dh ? kGradDh : 0u) | (dw ? kWantDw : 0u) | (db ? kWantDb : 0u); }
 };
 // The device's limits, fixed by arch: a GPU-less precompile plans as the device does.
 struct Gpu {
