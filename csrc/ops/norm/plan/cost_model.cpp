@@ -115,8 +115,7 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
                             : rows * row / std::max(1, c.knobs.slices);
   s.row_block_bytes = loaded * (p.residual ? 2.0 : 1.0) * std::max(1, c.knobs.slices);
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
-  const bool gamma_ready = (c.key.flags & (kPreloadAffine | kKeepGamma)) != 0;
-  if (p.affine_tensors() > 0 && !gamma_ready) s.after_reduction = kL2TripUs;
+  if (p.affine_tensors() > 0 && (c.key.flags & (kPreloadAffine | kKeepGamma)) == 0) s.after_reduction = kL2TripUs;
   s.element_us = kFwdElementUs;
   price_access(p, d == FwdDesign::kFlatRow, kNarrowFwd, s);
   finish(p, s, gpu, c);
@@ -141,8 +140,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     s.walks_rows = true;
     s.row_block_bytes = double(c.key.threads_per_row) * c.knobs.vecs_per_thread * c.key.vec * p.esize() * 2.0;
     // Its chain: the coefficient kernel, then rows_in_flight rows a round trip.
-    const double rows_per_tile = std::ceil(m / tiles);
-    s.tail_us = kLatencyUs * (1.0 + std::ceil(rows_per_tile / c.knobs.vecs_per_thread));
+    s.tail_us = kLatencyUs * (1.0 + std::ceil(std::ceil(m / tiles) / c.knobs.vecs_per_thread));
     s.row_blocks = std::max<int64_t>(1, ceil_div(p.nvec(), c.key.threads_per_row) * static_cast<int64_t>(tiles));
   } else {
     s.launches = partials ? 2 : 1;

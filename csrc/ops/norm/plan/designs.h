@@ -77,9 +77,8 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
 // The knobs a design declares, bit k: Knob k (overrides of others are refused).
 unsigned declared_knobs(bool forward, int design);
-// Shared by the designs (planner.cpp): the layout of rows split over `slices` CTAs (a cluster's) over about
-// `cta_threads` threads at about `nv_target` vectors a thread; a kernel key on it, `nv` vectors a thread, its
-// flags `flags` and the problem's own (weight, zero-centred gamma, single stride).
+// Shared by the designs (planner.cpp): a layout of rows split over `slices` CTAs, about `cta_threads` threads at
+// about `nv_target` vectors each; a kernel key on it (`nv` vectors a thread, `flags` and the problem's own).
 struct Layout {
   int tpr = 1, rows = 1, nv = 1, threads = 1, slices = 1;
   int64_t row_blocks = 0;

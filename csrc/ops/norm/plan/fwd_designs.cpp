@@ -14,13 +14,6 @@ constexpr int kChunkVecs = 8;                 // vectors a thread streams a chun
 constexpr int64_t kMinSliceBytes = 8 * 1024;  // narrower slices leave the exchange unpaid
 constexpr int kDeferredStages = 3;            // a deferred-statistics ring
 
-// A quantized output's conditions (docs/designs.md; it needs a row in one CTA: no slices are planned for it).
-bool carries_epilogue(const NormProblem& p, const Candidate& c) {
-  if (p.quant == 0) return true;
-  const int block = quant::block_of(p.recipe());
-  return block == 0 || p.hidden <= block || c.key.threads_per_row >= block / c.key.vec;
-}
-
 // Inputs of kL1AllocMinInputBytes or more read through L1; outputs past L2 stored evict-first.
 unsigned memory_flags(const NormProblem& p) {
   const int64_t bytes = p.rows * p.row_bytes();
@@ -119,8 +112,7 @@ void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<
 
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every) {
   register_rows(p, mode, gpu, 1, out);
-  // Unless `every`: shared-memory rows if registers cannot hold a row; slices also for fewer rows than SMs. Rows
-  // read twice (one layout, either grid) fit any width.
+  // Unless `every`: shared-memory rows if registers cannot hold a row; slices also for fewer rows than SMs.
   const bool held = !out.empty();
   if (every || !held || p.residual)
     for (int nv_target : {4, 8, 16})
@@ -128,8 +120,11 @@ void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::ve
   if (!p.residual && p.quant == 0 && (every || !held || p.rows < gpu.sm_count)) sliced_rows(p, mode, gpu, out);
   for (bool persistent : {false, true}) chunked_row(p, mode, gpu, false, kChunkVecs, 256, persistent, out);
   flat_rows(p, mode, gpu, out);
-  out.erase(std::remove_if(out.begin(), out.end(), [&](const Candidate& c) { return !carries_epilogue(p, c); }),
-            out.end());
+  // A quantized output needs a block scale's vectors on adjacent lanes of one row group, unless a row is one block
+  // (docs/designs.md), and a row in one CTA (no slices are planned for it).
+  const int block = p.quant != 0 ? quant::block_of(p.recipe()) : 0;
+  const auto splits_block = [&](const Candidate& c) { return c.key.threads_per_row < block / c.key.vec; };
+  if (block > 0 && p.hidden > block) out.erase(std::remove_if(out.begin(), out.end(), splits_block), out.end());
 }
 
 }  // namespace rtcnorm
