@@ -86,7 +86,7 @@ struct Layout {
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, const Layout& l, int nv, unsigned flags,
                         int variant, int arch);
 Layout layout_of(const NormProblem& p, int slices, int nv_target, int cta_threads);
-// f(l, nv) on the layout `l` at each target `nv` and each of the row designs' CTA sizes, but one wider than asked.
+// f(l, nv) for each target `nv` and row-design CTA size, skipping a row wider than its CTA (bar the smallest CTA).
 template <class F>
 void each_layout(const NormProblem& p, int slices, std::initializer_list<int> nv_targets, F f) {
   for (int nv : nv_targets)

@@ -39,7 +39,7 @@ const struct {
                                    {"flat_row", kRowKnobs}}};
 
 NormOverride g_overrides[2];    // [forward]
-constexpr int kFlatStages = 2;  // flat_row's (more measured no faster)
+constexpr int kFlatStages = 2;  // flat_row's stages (more measured no faster)
 
 // Keeps the candidates an override (else the tuned choice) allows (if none: all), prices and ranks them (ties in
 // catalogue order); the cheapest fills `plan`.
