@@ -87,8 +87,7 @@ struct Layout {
 };
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
 constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
-// flat_row: two stages (more measured no faster); planned for 2-byte accesses (16-bit, N odd).
-constexpr int kFlatStages = 2;
+// flat_row (its ring: kFlatStages, common/params.cuh): planned for 2-byte accesses (16-bit, N odd).
 inline bool flat_worth(const NormProblem& p) { return p.flat && p.vec() * p.esize() < 4; }
 // Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
