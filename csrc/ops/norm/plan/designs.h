@@ -87,8 +87,13 @@ struct Layout {
 };
 Layout layout_of(const NormProblem& p, int64_t hidden, int nv_target, int cta_threads);
 constexpr int kCtaChoices[] = {128, 256, 512, 1024};  // the row designs' CTA sizes
-// flat_row (its ring: kFlatStages, common/params.cuh): planned for 2-byte accesses (16-bit, N odd).
-inline bool flat_worth(const NormProblem& p) { return p.flat && p.vec() * p.esize() < 4; }
+// flat_row (its ring: kFlatStages, common/params.cuh) is planned where the rows'
+// widest access is narrower than this many bytes: 2-byte accesses forward, 2-
+// and 4-byte ones backward (measured, docs/designs.md). The cost model prices
+// the other designs' accesses that narrow below copy.
+inline int narrow_below(bool forward) { return forward ? 4 : 8; }
+inline bool narrow_access(const NormProblem& p, bool forward) { return p.vec() * p.esize() < narrow_below(forward); }
+inline bool flat_worth(const NormProblem& p, bool forward) { return p.flat && narrow_access(p, forward); }
 // Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
                          const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);

@@ -128,16 +128,16 @@ void reload_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vecto
           .knobs.persistent = persistent;
 }
 
-// flat_row: a thread holds up to 32 elements, a register each with its
+// flat_row: a thread holds up to 32 elements, a register each (4 bytes) with its
 // gamma / beta, LayerNorm's centred value and the residual's operand and sum.
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (!flat_worth(p) || p.quant != 0 || !mode_allows(mode, true, true)) return;
+  if (!flat_worth(p, true) || p.quant != 0 || !mode_allows(mode, true, true)) return;
   const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0);
   for (int elems : {2, 4, 8, 16, 32})
     for (int cta : kCtaChoices) {
-      const Layout l = layout_of(p, p.hidden, elems, cta);
+      const Layout l = layout_of(p, p.hidden, std::max(1, elems / p.vec()), cta);
       const int64_t buffers = kFlatStages * (p.residual ? 2 : 1);
-      add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, cta, 40 + l.nv * per_elem,
+      add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, cta, 40 + l.nv * l.vec * per_elem,
                buffers * flat_buffer_elems(l.rows, int(p.hidden), p.esize()) * p.esize(),
                fwd_flags(p) | (memory_flags(p) & kStreamStore), gpu);
     }

@@ -158,7 +158,7 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
 }
 void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int elems, int cta, int regs, int64_t smem, unsigned flags, const Gpu& gpu) {
-  if (l.nv > elems || (l.tpr > cta && cta != kCtaChoices[0]) || smem > gpu.smem_per_cta()) return;
+  if (l.nv * l.vec > elems || (l.tpr > cta && cta != kCtaChoices[0]) || smem > gpu.smem_per_cta()) return;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
   if (regs_at(l.threads, blocks) < regs) return;  // would spill
   Candidate& c = add_candidate(out, p, design, family, l, l.nv, blocks, regs, flags, gpu.arch);
