@@ -56,18 +56,23 @@ __device__ __forceinline__ FlatBlock flat_block(long long rb, int rows_per_block
 // Starts the copies of block b of `src` into `dst` (every thread of the CTA
 // takes every blockDim.x-th piece). A piece reaching past the tensor's
 // `total` elements is copied element by element; the piece before `begin`
-// lies inside the tensor (begin > 0 there), so it is read whole.
+// lies inside the tensor (begin > 0 there), so it is read whole. A block
+// spans fewer than 2^31 elements (it fits shared memory): offsets from
+// b.first are 32-bit.
 template <typename T>
 __device__ __forceinline__ void flat_stage(T* dst, const T* src, const FlatBlock& b, long long total) {
   constexpr int kP = flat_piece<T>();
   using Piece = Pack<T, kP>;
-  const long long pieces = (b.end - b.first + kP - 1) / kP;
-  for (long long q = threadIdx.x; q < pieces; q += blockDim.x) {
-    const long long e = b.first + q * kP;
-    if (e + kP <= total) {
-      cp_async(reinterpret_cast<Piece*>(dst) + q, reinterpret_cast<const Piece*>(src + e));
+  const T* const from = src + b.first;
+  const int pieces = static_cast<int>((b.end - b.first + kP - 1) / kP);
+  const long long inside = (total - b.first) / kP;  // pieces wholly inside the tensor
+  const int whole = inside < pieces ? static_cast<int>(inside) : pieces;
+  for (int q = threadIdx.x; q < pieces; q += blockDim.x) {
+    if (q < whole) {
+      cp_async(reinterpret_cast<Piece*>(dst) + q, reinterpret_cast<const Piece*>(from) + q);
     } else {
-      for (int j = 0; j < kP && e + j < total; ++j) dst[q * kP + j] = src[e + j];
+      const int left = static_cast<int>(total - b.first - static_cast<long long>(q) * kP);  // < kP here
+      for (int j = 0; j < kP && j < left; ++j) dst[q * kP + j] = from[q * kP + j];
     }
   }
 }
@@ -75,18 +80,20 @@ __device__ __forceinline__ void flat_stage(T* dst, const T* src, const FlatBlock
 // Copies block b of the buffer `src` out to `dst`: whole pieces as 16-byte
 // stores, the pieces it shares with the neighbouring blocks element by
 // element (only its own elements: a neighbour's CTA writes the rest).
+// Pieces [lo, hi) lie wholly in [begin, end).
 template <typename T, bool STREAMING>
 __device__ __forceinline__ void flat_flush(T* dst, const T* src, const FlatBlock& b) {
   constexpr int kP = flat_piece<T>();
   using Piece = Pack<T, kP>;
-  const long long pieces = (b.end - b.first + kP - 1) / kP;
-  for (long long q = threadIdx.x; q < pieces; q += blockDim.x) {
-    const long long e = b.first + q * kP;
-    if (e >= b.begin && e + kP <= b.end) {
-      store<T, kP, STREAMING>(dst, e, reinterpret_cast<const Piece*>(src)[q]);
+  T* const to = dst + b.first;
+  const int own = static_cast<int>(b.begin - b.first), end = static_cast<int>(b.end - b.first);
+  const int pieces = (end + kP - 1) / kP, lo = own == 0 ? 0 : 1, hi = end / kP;
+  for (int q = threadIdx.x; q < pieces; q += blockDim.x) {
+    if (q >= lo && q < hi) {
+      store<T, kP, STREAMING>(to, q * kP, reinterpret_cast<const Piece*>(src)[q]);
     } else {
-      for (int j = 0; j < kP; ++j)
-        if (e + j >= b.begin && e + j < b.end) dst[e + j] = src[q * kP + j];
+      for (int j = q * kP; j < q * kP + kP; ++j)
+        if (j >= own && j < end) to[j] = src[j];
     }
   }
 }
@@ -157,14 +164,14 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
     PT* const xs = reinterpret_cast<PT*>(xbuf + (b.begin - b.first) + group * N);
     PT* const rs = reinterpret_cast<PT*>(rbuf + (b.begin - b.first) + group * N);
     const long long row = rb * ROWS + group;
-    const bool row_ok = row < p.rows;
+    const bool row_ok = ROWS == 1 || row < p.rows;  // one row a block: every block is a row
 
     PT xv[NV];
     bool ok[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      ok[i] = row_ok && v < kVecs;
+      ok[i] = row_ok && (i < kVecs / TPR || v < kVecs);  // earlier i: every lane's v < kVecs
       if (!ok[i]) continue;
       xv[i] = xs[v];
       if constexpr (kRes) {
@@ -246,11 +253,11 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
   // The row's statistics load while its stage lands.
   const auto row_stats = [&](long long rb) {
     const long long row = rb * ROWS + group;
-    const bool ok = row < p.rows;
+    const bool ok = ROWS == 1 || row < p.rows;
     return float2{ok ? p.rstd[row] : 0.f, KIND == kLayerNorm && ok ? p.mean[row] : 0.f};
   };
   const auto block = [&](long long rb, const FlatBlock& b, T* stage, float2 st) {
-    const bool row_ok = rb * ROWS + group < p.rows;
+    const bool row_ok = ROWS == 1 || rb * ROWS + group < p.rows;
     const float rstd = st.x, mean = st.y;
     const long long at = (b.begin - b.first) + group * N;
     const PT* const xs = reinterpret_cast<const PT*>(stage + at);
@@ -263,7 +270,7 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (!row_ok || v >= kVecs) continue;
+      if (!row_ok || (i >= kVecs / TPR && v >= kVecs)) continue;
       const PT dv = ds[v];
       float xm[VEC], df[VEC], wdy[VEC], xhat[VEC];
       element_terms<KIND, T, VEC>(xs[v], dv, gk[i], mean, rstd, sums, xm, df, wdy, xhat);
@@ -274,7 +281,7 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (!row_ok || v >= kVecs) continue;
+      if (!row_ok || (i >= kVecs / TPR && v >= kVecs)) continue;
       PT hv{};
       if constexpr (kDh) hv = hs[v];
       ds[v] = input_grad<KIND, N, T, VEC, kDh>(xs[v], ds[v], gk[i], mean, k, hv);
