@@ -30,7 +30,7 @@ CASES = [
     ("bwd", "sliced_row", [(5, 8192), (300, 16384), (3, 65536)], True),
     ("bwd", "split_row", [(33, 7), (300, 1000), (65, 20000)], False),
     ("bwd", "column_grads", [(2, 7), (33, 1000), (65, 4096)], False),
-    ("bwd", "flat_row", [(33, 1), (257, 127), (1000, 1973), (300, 2705)], False),
+    ("bwd", "flat_row", [(33, 1), (257, 127), (1000, 1973), (300, 2705), (64, 9999)], False),
 ]
 PARAMS = [
     pytest.param(direction, design, m, n, dt, sm90, id=f"{direction}-{design}-{m}x{n}-{str(dt)[6:]}")

@@ -248,3 +248,13 @@ def test_4_byte_widths_stage_flat_backward_only(op, shape, dtype):
     assert p["backward"]["design"] == "flat_row"
     with _tuning.norm_override("fwd", "flat_row"):
         assert plan(op, shape, dtype)["design"] != "flat_row"
+
+
+# Odd rows too wide for gamma in registers at 16 elements a thread: flat_row
+# re-reads gamma at each use (RMSNorm) or holds 32 elements a thread (LayerNorm).
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape", [(4096, 9999), (16384, 9999)])
+def test_wide_odd_rows_plan_flat_backward(op, shape):
+    b = plan(op, shape)["backward"]
+    assert b["design"] == "flat_row"
+    assert b["knobs"]["vecs_per_thread"] * b["knobs"]["cta_threads"] >= shape[1]

@@ -26,6 +26,9 @@
 // - Backward: each CTA sums dW / dB of its columns in registers over every row
 //   block it visits and writes one partial row (or, alone, the gradients), as
 //   norm/bwd_rows.cuh does; the column reduce that follows is unchanged.
+//   Gamma stays in registers with kKeepGamma; without it, each use reads it
+//   again (from L1), so a thread holds a register less an element and wider
+//   rows fit.
 #pragma once
 
 #include "common/grid_dep.cuh"
@@ -238,11 +241,16 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
   const int lane = kFlat ? threadIdx.x : threadIdx.x % TPR;
   const int group = kFlat ? 0 : threadIdx.x / TPR;
 
-  float gk[NV][VEC];
+  constexpr bool kKeep = (FLAGS & kKeepGamma) != 0;
+  float gk[kKeep ? NV : 1][VEC];
   float dw_acc[kDw ? NV : 1][VEC], db_acc[kDb ? NV : 1][VEC];
+  const auto gamma = [&](int i, int v) -> const float(&)[VEC] {
+    if constexpr (!kKeep) load_gamma<W, VEC, FLAGS>(p.weight, v, gk[0]);
+    return gk[kKeep ? i : 0];
+  };
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    if (i * TPR + lane < kVecs) load_gamma<W, VEC, FLAGS>(p.weight, i * TPR + lane, gk[i]);
+    if (kKeep && i * TPR + lane < kVecs) load_gamma<W, VEC, FLAGS>(p.weight, i * TPR + lane, gk[i]);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       if constexpr (kDw) dw_acc[i][j] = 0.f;
@@ -273,7 +281,7 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
       if (!row_ok || (i >= kVecs / TPR && v >= kVecs)) continue;
       const PT dv = ds[v];
       float xm[VEC], df[VEC], wdy[VEC], xhat[VEC];
-      element_terms<KIND, T, VEC>(xs[v], dv, gk[i], mean, rstd, sums, xm, df, wdy, xhat);
+      element_terms<KIND, T, VEC>(xs[v], dv, gamma(i, v), mean, rstd, sums, xm, df, wdy, xhat);
       add_affine_grads<T, VEC, kDw, kDb>(dv, xhat, dw_acc[kDw ? i : 0], db_acc[kDb ? i : 0]);
     }
     sums = group_allreduce<TPR, ROWS>(sums, scratch);
@@ -284,7 +292,7 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
       if (!row_ok || (i >= kVecs / TPR && v >= kVecs)) continue;
       PT hv{};
       if constexpr (kDh) hv = hs[v];
-      ds[v] = input_grad<KIND, N, T, VEC, kDh>(xs[v], ds[v], gk[i], mean, k, hv);
+      ds[v] = input_grad<KIND, N, T, VEC, kDh>(xs[v], ds[v], gamma(i, v), mean, k, hv);
     }
     __syncthreads();  // the block's dx is whole in the stage
     flat_flush<T, kCs>(static_cast<T*>(p.dx), stage + kBuf, b);

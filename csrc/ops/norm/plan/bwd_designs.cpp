@@ -123,20 +123,27 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
 }
 
 // flat_row: a thread keeps gamma and the dW / dB sums of its elements (the
-// second pass re-reads x and dy from shared memory).
+// second pass re-reads x and dy from shared memory); where that would spill,
+// it reads gamma again at each use instead of keeping it. 32 elements a
+// thread only for rows that 16 cannot hold.
 void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p, false)) return;
-  for (int elems : {4, 8, 16})
+  const size_t first = out.size();
+  for (int elems : {4, 8, 16, 32})
     for (int cta : kCtaChoices) {
+      if (elems == 32 && out.size() > first) return;
       const Layout l = layout_of(p, p.hidden, std::max(1, elems / p.vec()), cta);
       if (l.tpr > 512 && p.kind == kLayerNorm) continue;
       const int bundles = bwd_bundles(l.tpr, l.rows);
       const int64_t combine = w.accums() > 0 && bundles > 1 ? int64_t{bundles} * p.hidden * 4 : 0;
       const int64_t ring = kFlatStages * (w.dh ? 3 : 2) * flat_buffer_elems(l.rows, int(p.hidden), p.esize());
       const bool direct = l.row_blocks == 1 && w.accums() > 0;
-      add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, elems, cta,
-               40 + l.nv * l.vec * (2 + w.accums()), std::max(combine, ring * p.esize()),
-               grad_flags(p, w) | (p.hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u), gpu);
+      const unsigned flags = grad_flags(p, w) | (p.hidden >= 8192 ? kStreamStore : 0u) | (direct ? kDirectGrads : 0u);
+      for (bool keep : {true, false})
+        if (add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, elems, cta,
+                     40 + l.nv * l.vec * (int(keep) + 1 + w.accums()), std::max(combine, ring * p.esize()),
+                     flags | (keep ? kKeepGamma : 0u), gpu))
+          break;
     }
 }
 

@@ -99,8 +99,8 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
                          const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
 // flat_row's candidate (persistent) on layout `l`, unless it holds more than
 // `elems` elements a thread, is wider than `cta` asked, would spill or exceed
-// shared memory, or repeats one already there.
-void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+// shared memory, or repeats one already there; false where it would not fit.
+bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int elems, int cta, int regs, int64_t smem, unsigned flags, const Gpu& gpu);
 // A row split over a cluster's `s` CTAs; grid_exchange(): a cooperative launch's, meeting in global memory.
 void slice(Candidate& c, int s);

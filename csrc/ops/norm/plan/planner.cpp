@@ -156,15 +156,16 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
   c.key.variant = static_cast<int16_t>(blocks);
   return c;
 }
-void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int elems, int cta, int regs, int64_t smem, unsigned flags, const Gpu& gpu) {
-  if (l.nv * l.vec > elems || (l.tpr > cta && cta != kCtaChoices[0]) || smem > gpu.smem_per_cta()) return;
+  if (l.nv * l.vec > elems || (l.tpr > cta && cta != kCtaChoices[0]) || smem > gpu.smem_per_cta()) return false;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
-  if (regs_at(l.threads, blocks) < regs) return;  // would spill
+  if (regs_at(l.threads, blocks) < regs) return false;  // would spill
   Candidate& c = add_candidate(out, p, design, family, l, l.nv, blocks, regs, flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
   c.knobs.persistent = true;
   if (std::any_of(out.begin(), out.end() - 1, [&](const Candidate& o) { return o.key == c.key; })) out.pop_back();
+  return true;
 }
 void slice(Candidate& c, int s) {
   c.key.cluster = static_cast<int16_t>(s);
