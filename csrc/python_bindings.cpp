@@ -65,15 +65,18 @@ py::object ptxas_dict(const jit::KernelKey& k) {
 std::vector<std::string> precompile(const std::string& op, const std::vector<std::string>& dtypes,
                                     const std::vector<int64_t>& hidden_sizes,
                                     const std::vector<std::optional<std::string>>& modes, const std::vector<int>& archs,
-                                    int threads, const py::object& progress) {
+                                    int threads, const py::object& progress,
+                                    const std::vector<std::optional<int64_t>>& group_sizes) {
   const std::vector<NormMode> m = parse_modes(modes);
   std::vector<jit::KernelKey> keys;
   for (int arch : archs)
     for (const auto& dt : dtypes)
       for (int64_t n : hidden_sizes) {
         if (n < 1) throw py::value_error("rtcnorm.jit.precompile: hidden sizes must be >= 1");
-        auto k = variant_keys(op, jit::dtype_from_name(dt), n, m, arch);
-        keys.insert(keys.end(), k.begin(), k.end());
+        for (const auto& g : group_sizes) {
+          auto k = variant_keys(op, jit::dtype_from_name(dt), n, m, arch, g);
+          keys.insert(keys.end(), k.begin(), k.end());
+        }
       }
   return jit::precompile_for_python(keys, threads, progress);
 }
@@ -95,7 +98,8 @@ PYBIND11_MODULE(_C, m) {
   jit::bind_cache(m);
   m.def("variant_ops", &variant_ops);
   m.def("precompile", &precompile, py::arg("op"), py::arg("dtypes"), py::arg("hidden_sizes"), py::arg("modes"),
-        py::arg("archs"), py::arg("threads") = 0, py::arg("progress") = py::none());
+        py::arg("archs"), py::arg("threads") = 0, py::arg("progress") = py::none(),
+        py::arg("group_sizes") = std::vector<std::optional<int64_t>>{std::nullopt});
   bind_arg_checks(m);
   m.def("rows_single_stride", [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t lead) {
     return rows_single_stride(sizes, strides, lead);

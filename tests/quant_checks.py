@@ -21,6 +21,7 @@ from quant_reference import (
     blocked_numel,
     blocked_offset,
     code_values,
+    dequantize,
     from_blocked,
     nan_ignoring_amax,
     near_boundary,
@@ -29,6 +30,7 @@ from quant_reference import (
     nvfp4_scale_input,
     quantize,
     table_for,
+    to_blocked,
     unpack_nibbles,
 )
 from reference import assert_close
@@ -314,3 +316,65 @@ def assert_compiled_training_matches_eager(f, leaves):
         results.append([out] + [t.grad for t in ts])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---- torch._scaled_mm eats a quantized output (GPU tests) ------------------------
+
+# (recipe, layout, minimum compute capability). The block recipes need
+# block-scaled GEMMs (sm_100), and then the weight is block-quantized too:
+# _scaled_mm takes one scaling kind for both operands.
+GEMM_CASES = [("per_tensor", "plain", (8, 9)), ("per_token", "plain", (8, 9))]
+GEMM_CASES += [("mxfp8", "blocked", (10, 0)), ("nvfp4", "blocked", (10, 0))]
+# Relative Frobenius error of the quantized GEMM against the bf16 GEMM of the
+# unquantized operands: FP8 rounds each operand to 2^-4 at worst, E2M1 to 1/6.
+FORMAT_TOL = {"per_tensor": 0.08, "per_token": 0.08, "mxfp8": 0.08, "nvfp4": 0.3}
+
+
+def gemm_scales(recipe, y64):
+    """The op's scale argument for a GEMM operand whose float64 value is y64:
+    per_tensor maps its amax to 448, nvfp4's global scale to 448 * 6.
+    Returns (scale tensor or None, nvfp4 global scale or None)."""
+    amax = float(y64.abs().max())
+    gs = 448.0 * 6.0 / amax if recipe == "nvfp4" else None
+    scale = {"per_tensor": 448.0 / amax, "nvfp4": gs}.get(recipe)
+    scale = None if scale is None else torch.tensor([scale], device=y64.device, dtype=torch.float32)
+    return scale, gs
+
+
+def quantize_gemm_weight(w64, recipe):
+    """The GEMM's other operand, quantized by the reference: per-tensor e4m3
+    for the FP8 recipes, the same block recipe for the block ones. Returns
+    (data as _scaled_mm takes it, its scale argument, dequantized float64,
+    global scale or None)."""
+    k = w64.shape[1]
+    amax = float(w64.abs().max())
+    if recipe in ("per_tensor", "per_token"):
+        ws = torch.tensor(448.0 / amax, dtype=torch.float32, device=w64.device)
+        ref = quantize(w64, "per_tensor", torch.float8_e4m3fn, scale=ws)
+        data = ref.data.view(torch.float8_e4m3fn)
+        inv = ref.scales.reshape(())
+        sb = inv if recipe == "per_tensor" else inv.expand(1, w64.shape[0]).contiguous()
+        return data, sb, dequantize("per_tensor", data, inv, k), None
+    gs = 448.0 * 6.0 / amax if recipe == "nvfp4" else None
+    ref = quantize(w64, recipe, torch.float8_e4m3fn, scale=gs)
+    data = ref.data.view(torch.float4_e2m1fn_x2 if recipe == "nvfp4" else torch.float8_e4m3fn)
+    return data, to_blocked(ref.scales), dequantize(recipe, data, ref.scales, k, gs=gs), gs
+
+
+def check_scaled_mm(data, scales, y64, w64, *, recipe, layout, gs):
+    """torch._scaled_mm of an op's quantized output (data, scales) of the
+    float64 value y64 (M, K) with w64 (Nout, K), quantized by the reference:
+    equal to the GEMM of the dequantized operands up to bf16 rounding, and
+    within the format's tolerance of the bf16 GEMM of y64 and w64."""
+    k = y64.shape[1]
+    wq, sb, w_deq, w_gs = quantize_gemm_weight(w64, recipe)
+    out = torch._scaled_mm(data, wq.t(), scales, sb, out_dtype=torch.bfloat16).double()
+    if recipe == "nvfp4":
+        out = out / (gs * w_gs)  # the global scales stay outside the GEMM
+    a_deq = dequantize(recipe, data, scales, k, gs=gs, layout=layout)
+    want = a_deq @ w_deq.t()
+    err = float((out - want).abs().max() / want.abs().max())
+    assert err < 2.0**-7, f"_scaled_mm vs GEMM of the dequantized operands: max rel error {err:.3g}"
+    exact = (y64 @ w64.t()).to(torch.bfloat16).double()
+    frob = float(torch.linalg.norm(out - exact) / torch.linalg.norm(exact))
+    assert frob < FORMAT_TOL[recipe], f"quantized GEMM vs bf16 GEMM: relative error {frob:.3g}"

@@ -3,8 +3,9 @@
 ``explain(..., resources=True)`` compiles the planned kernel with NVRTC and
 reports ptxas's registers and spills. flat_row is forced in each direction
 for RMSNorm (with and without the residual) and LayerNorm, in both 16-bit
-dtypes (the only ones it is planned for), on odd widths with one row or many
-a CTA and up to 32 elements a thread.
+dtypes on odd widths with one row or many a CTA and up to 32 elements a
+thread; the backward also on the 4-byte widths it is planned for (fp32 rows
+of odd width, 16-bit rows of width 2 mod 4).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rtcnorm import _tuning
 
 WIDTHS = (127, 1973, 9999)
 CASES = [("rms_norm", {}), ("rms_norm", {"residual": True}), ("layer_norm", {})]
+WIDE4 = [(torch.float32, 1973), (torch.float32, 9999), (torch.bfloat16, 2294), (torch.float16, 9998)]
 
 
 def _compile(direction, arch, op, kw, dtype, n):
@@ -32,6 +34,8 @@ def test_flat_rows_compile_without_spills(direction, arch):
     jobs = [
         (direction, arch, op, kw, d, n) for op, kw in CASES for d in (torch.bfloat16, torch.float16) for n in WIDTHS
     ]
+    if direction == "bwd":
+        jobs += [(direction, arch, op, kw, d, n) for op, kw in CASES for d, n in WIDE4]
     with _tuning.norm_override(direction, "flat_row"):
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             plans = list(pool.map(lambda j: _compile(*j), jobs))

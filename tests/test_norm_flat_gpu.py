@@ -19,7 +19,7 @@ from rtcnorm import _tuning
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = [torch.bfloat16, torch.float16]  # flat_row reads 16-bit rows of odd width
+DTYPES = [torch.bfloat16, torch.float16]  # the forward stages 16-bit rows of odd width
 
 
 def _design(op, x, direction, **kw):
@@ -46,6 +46,38 @@ def test_residual_sum_and_its_gradient(m, n, dtype, poison):
     assert_close(dx, ref["dx"], what="dx")
     assert torch.equal(dx, dr)
     assert_close(dw, ref["dw"], what="dw", reduce_len=m)
+
+
+# 4-byte accesses: fp32 rows of odd width, 16-bit rows of width 2 mod 4.
+WIDE4 = [
+    (torch.float32, 517, 1973),
+    (torch.float32, 3, 3),
+    (torch.float32, 1, 1145),
+    (torch.bfloat16, 129, 2294),
+    (torch.float16, 9, 38),
+    (torch.bfloat16, 1, 2094),
+]
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype,m,n", WIDE4, ids=[f"{str(d)[6:]}-{m}x{n}" for d, m, n in WIDE4])
+def test_backward_of_4_byte_widths(op, dtype, m, n, poison):
+    x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+    b = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    if op == "rms_norm":
+        y, ref, leaves = rtcnorm.rms_norm(x, n, w, 1e-6), ref_rms_norm(x, [n], w, 1e-6, dy=dy), (x, w)
+    else:
+        y, ref, leaves = rtcnorm.layer_norm(x, n, w, b, 1e-5), ref_layer_norm(x, [n], w, b, 1e-5, dy=dy), (x, w, b)
+    with _tuning.norm_override("bwd", "flat_row"):
+        assert _design(op, x, "bwd") == "flat_row"
+        poison(4 * m * n * 4)
+        grads = torch.autograd.grad(y, leaves, dy)
+    assert_close(grads[0], ref["dx"], what="dx")
+    assert_close(grads[1], ref["dw"], what="dw", reduce_len=m)
+    if op == "layer_norm":
+        assert_close(grads[2], ref["db"], what="db", reduce_len=m)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])

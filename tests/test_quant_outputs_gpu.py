@@ -9,16 +9,19 @@ import math
 import pytest
 import torch
 from quant_checks import (
+    GEMM_CASES,
     NORMS,
     RECIPE_IDS,
     RECIPES,
     check_norm_quant,
     check_outputs,
+    check_scaled_mm,
+    gemm_scales,
     make_inputs,
     needs_op,
     run_op,
 )
-from quant_reference import dequantize, from_blocked, nan_ignoring_amax, norm_reference, quantize, to_blocked
+from quant_reference import from_blocked, nan_ignoring_amax, norm_reference
 
 pytestmark = [pytest.mark.gpu, needs_op]
 
@@ -61,35 +64,6 @@ def test_gpu_nan_and_inf_columns(recipe, out_dtype, layout, bad, poison):
 
 # ---- torch._scaled_mm eats the outputs -------------------------------------------
 
-# (recipe, layout, minimum compute capability). The block recipes need
-# block-scaled GEMMs (sm_100), and then the weight is block-quantized too:
-# _scaled_mm takes one scaling kind for both operands.
-GEMM_CASES = [("per_tensor", "plain", (8, 9)), ("per_token", "plain", (8, 9))]
-GEMM_CASES += [("mxfp8", "blocked", (10, 0)), ("nvfp4", "blocked", (10, 0))]
-# Relative Frobenius error of the quantized GEMM against the bf16 GEMM of the
-# unquantized operands: FP8 rounds each operand to 2^-4 at worst, E2M1 to 1/6.
-FORMAT_TOL = {"per_tensor": 0.08, "per_token": 0.08, "mxfp8": 0.08, "nvfp4": 0.3}
-
-
-def _quantize_weight(w64, recipe):
-    """The GEMM's other operand, quantized by the reference: per-tensor e4m3
-    for the FP8 recipes, the same block recipe for the block ones. Returns
-    (data as _scaled_mm takes it, its scale argument, dequantized float64,
-    global scale or None)."""
-    k = w64.shape[1]
-    amax = float(w64.abs().max())
-    if recipe in ("per_tensor", "per_token"):
-        ws = torch.tensor(448.0 / amax, dtype=torch.float32, device=w64.device)
-        ref = quantize(w64, "per_tensor", torch.float8_e4m3fn, scale=ws)
-        data = ref.data.view(torch.float8_e4m3fn)
-        inv = ref.scales.reshape(())
-        sb = inv if recipe == "per_tensor" else inv.expand(1, w64.shape[0]).contiguous()
-        return data, sb, dequantize("per_tensor", data, inv, k), None
-    gs = 448.0 * 6.0 / amax if recipe == "nvfp4" else None
-    ref = quantize(w64, recipe, torch.float8_e4m3fn, scale=gs)
-    data = ref.data.view(torch.float4_e2m1fn_x2 if recipe == "nvfp4" else torch.float8_e4m3fn)
-    return data, to_blocked(ref.scales), dequantize(recipe, data, ref.scales, k, gs=gs), gs
-
 
 @pytest.mark.parametrize(("recipe", "layout", "cap"), GEMM_CASES, ids=[c[0] for c in GEMM_CASES])
 def test_gpu_scaled_mm_consumes_quantized_output(recipe, layout, cap):
@@ -100,24 +74,11 @@ def test_gpu_scaled_mm_consumes_quantized_output(recipe, layout, cap):
     g = (torch.randn(k, device="cuda") * 0.2 + 1).to(torch.bfloat16)
     w64 = torch.randn(nout, k, device="cuda", dtype=torch.float64) / math.sqrt(k)
     y64 = norm_reference(x, None, [k], g, None, None, "rms_norm")["y"]
-    gs = float(448.0 * 6.0 / y64.abs().max()) if recipe == "nvfp4" else None
-    scale = {"per_tensor": float(448.0 / y64.abs().max()), "nvfp4": gs}.get(recipe)
-    scale = None if scale is None else torch.tensor([scale], device="cuda", dtype=torch.float32)
+    scale, gs = gemm_scales(recipe, y64)
     data, scales, *_ = run_op(x, None, [k], g, None, None, "rms_norm", recipe,
                               torch.float4_e2m1fn_x2 if recipe == "nvfp4" else torch.float8_e4m3fn, scale, layout,
                               False)  # fmt: skip
-    wq, sb, w_deq, w_gs = _quantize_weight(w64, recipe)
-    out = torch._scaled_mm(data, wq.t(), scales, sb, out_dtype=torch.bfloat16)
-    out = out.double()
-    if recipe == "nvfp4":
-        out = out / (gs * w_gs)  # the global scales stay outside the GEMM
-    a_deq = dequantize(recipe, data, scales, k, gs=gs, layout=layout)
-    want = a_deq @ w_deq.t()
-    err = float((out - want).abs().max() / want.abs().max())
-    assert err < 2.0**-7, f"_scaled_mm vs GEMM of the dequantized operands: max rel error {err:.3g}"
-    exact = (y64 @ w64.t()).to(torch.bfloat16).double()
-    frob = float(torch.linalg.norm(out - exact) / torch.linalg.norm(exact))
-    assert frob < FORMAT_TOL[recipe], f"quantized GEMM vs bf16 GEMM: relative error {frob:.3g}"
+    check_scaled_mm(data, scales, y64, w64, recipe=recipe, layout=layout, gs=gs)
 
 
 # ---- more than 2^31 elements -----------------------------------------------------

@@ -68,6 +68,14 @@ def _arch(s: str) -> str:
     return f"sm_{a}"
 
 
+def _group(s: str) -> int | None:
+    if s.upper() == "N":
+        return None
+    if not s.isdigit() or int(s) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or N (one group a row), got {s!r}")
+    return int(s)
+
+
 def _mode(s: str):
     from .modes import MODES
 
@@ -225,6 +233,8 @@ def cmd_precompile(args) -> int:
     dtypes = dtypes or [torch.bfloat16, torch.float16, torch.float32]
     modes = args.modes or [None, *MODES]
     kw = dict(dtypes=dtypes, modes=modes, archs=args.archs, threads=args.threads)
+    if args.group_sizes:
+        kw["group_sizes"] = args.group_sizes
     lines: list[str] = []
     t0 = time.perf_counter()
     disable = args.quiet or None  # None: tqdm draws only on a terminal
@@ -338,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: %(default)s",
     )
     s.add_argument("--modes", nargs="+", type=_mode, metavar="MODE", help="auto and/or forward modes (default: all)")
+    s.add_argument("--group-sizes", nargs="+", type=_group, metavar="G", help="gated ops (default N: a row)")
     s.add_argument("--threads", type=_count, default=0, help="compile threads (default 0: every core)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.add_argument("-v", "--verbose", action="store_true", help="list every kernel")

@@ -115,6 +115,20 @@ def _hidden_size(n) -> int:
     return value
 
 
+def _group_size(g) -> int | None:
+    if g is None:
+        return None
+    if isinstance(g, bool):
+        raise TypeError(f"rtcnorm.jit.precompile: group_sizes must hold integers or None, got {g!r}")
+    try:
+        value = operator.index(g)
+    except TypeError:
+        raise TypeError(f"rtcnorm.jit.precompile: group_sizes must hold integers or None, got {g!r}") from None
+    if value < 1:
+        raise ValueError(f"rtcnorm.jit.precompile: group_sizes must hold positive integers or None, got {value}")
+    return value
+
+
 def precompile(
     op: str = "rms_norm",
     *,
@@ -124,6 +138,7 @@ def precompile(
     archs: Sequence[str | int] = ("sm_80", "sm_90", "sm_100"),
     threads: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    group_sizes: Sequence[int | None] = (None,),
 ) -> list[str]:
     """Compile every kernel ``op`` may launch for these row lengths into the disk cache.
 
@@ -134,6 +149,15 @@ def precompile(
     :func:`rtcnorm.rms_norm` / :func:`rtcnorm.layer_norm` with ``quant=``, every
     recipe and scale layout (their backward is the plain op's).
     ``threads`` compiler threads run at once (0: one per CPU core).
+
+    ``op`` may also be ``"rms_norm_gated"`` (forward and backward of
+    :func:`rtcnorm.rms_norm_gated`: with and without a weight, of the input's
+    dtype or float32, both ``norm_before_gate`` values, silu and sigmoid) or
+    ``"rms_norm_gated_quant"`` (its forwards with ``quant=``, every recipe and
+    scale layout; the backward is ``rms_norm_gated``'s). Their kernels depend
+    on the group size: ``group_sizes`` lists those to cover, each dividing
+    every hidden size (``None``: ``group_size=None``, one group a row); the
+    other ops take only ``(None,)``. ``modes`` does not apply to them.
 
     ``progress``, when given, is called as ``progress(done, total)`` after
     each kernel, on the calling thread, e.g. to drive a progress bar; an
@@ -147,6 +171,7 @@ def precompile(
     Example::
 
         rtcnorm.jit.precompile("rms_norm", hidden_sizes=[4096], dtypes=[torch.bfloat16], archs=["sm_90"])
+        rtcnorm.jit.precompile("rms_norm_gated", hidden_sizes=[4096], group_sizes=[None, 512])
     """
     for m in modes:
         if m is not None and m not in MODES:
@@ -158,6 +183,11 @@ def precompile(
     if isinstance(hidden_sizes, (str, bytes)) or not isinstance(hidden_sizes, Iterable):
         raise TypeError(f"rtcnorm.jit.precompile: hidden_sizes must be an iterable of integers, got {hidden_sizes!r}")
     sizes = [_hidden_size(n) for n in hidden_sizes]
+    if isinstance(group_sizes, (str, bytes)) or not isinstance(group_sizes, Iterable):
+        raise TypeError(
+            f"rtcnorm.jit.precompile: group_sizes must be an iterable of integers or None, got {group_sizes!r}"
+        )
+    groups = [_group_size(g) for g in group_sizes]
     try:
         workers = operator.index(threads)
     except TypeError:
@@ -173,5 +203,6 @@ def precompile(
             [_arch_number(a) for a in archs],
             workers,
             progress,
+            groups,
         )
     )

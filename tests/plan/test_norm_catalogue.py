@@ -229,8 +229,32 @@ def test_narrow_widths_read_flat_pieces_only_where_rows_are_contiguous(op, shape
     assert all(c["design"] != "flat_row" for c in strided["candidates"])
 
 
-@pytest.mark.parametrize("shape", [(16384, 4096), (65536, 896), (40447, 2094), (216106, 2294)])
-def test_widths_of_4_byte_vectors_or_wider_never_stage_flat(shape):
+@pytest.mark.parametrize("shape", [(16384, 4096), (65536, 896), (8192, 1004)])
+def test_widths_of_8_byte_vectors_or_wider_never_stage_flat(shape):
     with _tuning.norm_override("fwd", "flat_row"), _tuning.norm_override("bwd", "flat_row"):
         p = plan("rms_norm", shape)
     assert p["design"] != "flat_row" and p["backward"]["design"] != "flat_row"
+
+
+# 4-byte accesses (16-bit rows of width 2 mod 4, fp32 rows of odd width):
+# flat_row only backward, where it is the default; the forward never stages.
+WIDE4 = [((40447, 2094), torch.bfloat16), ((216106, 2294), torch.bfloat16), ((38177, 1973), torch.float32)]
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape,dtype", WIDE4, ids=[f"{s[0]}x{s[1]}-{str(d)[6:]}" for s, d in WIDE4])
+def test_4_byte_widths_stage_flat_backward_only(op, shape, dtype):
+    p = plan(op, shape, dtype)
+    assert p["backward"]["design"] == "flat_row"
+    with _tuning.norm_override("fwd", "flat_row"):
+        assert plan(op, shape, dtype)["design"] != "flat_row"
+
+
+# Odd rows too wide for gamma in registers at 16 elements a thread: flat_row
+# re-reads gamma at each use (RMSNorm) or holds 32 elements a thread (LayerNorm).
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape", [(4096, 9999), (16384, 9999)])
+def test_wide_odd_rows_plan_flat_backward(op, shape):
+    b = plan(op, shape)["backward"]
+    assert b["design"] == "flat_row"
+    assert b["knobs"]["vecs_per_thread"] * b["knobs"]["cta_threads"] >= shape[1]

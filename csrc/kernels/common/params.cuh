@@ -134,7 +134,9 @@ constexpr RTCNORM_HOST_DEVICE bool early_direct_grads(unsigned flags, int tpr, i
 // flat_row (norm/flat_row.cuh): elements of one staging buffer, a row block
 // of `rows` rows of n elements of esize bytes plus the parts of 16-byte
 // pieces before and after it, in whole pieces. The planner sizes shared
-// memory with it.
+// memory with it. Its ring has kFlatStages stages: one block's copies fly
+// while the CTA works on another (more stages measured no faster).
+constexpr int kFlatStages = 2;
 constexpr RTCNORM_HOST_DEVICE int flat_buffer_elems(int rows, int n, int esize) {
   return (rows * n + 3 * (16 / esize) - 1) / (16 / esize) * (16 / esize);
 }

@@ -12,7 +12,6 @@
 #include <tuple>
 
 #include "ops/norm_checks.h"
-#include "ops/variants.h"
 
 namespace rtcnorm {
 namespace {
@@ -90,23 +89,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_gated_backward(
                               : gated_backward_ref(grad_out, input, gate, rstd, weight, norm_before_gate, want_dw, a);
   return {o.dx, o.dz, o.dw};
 }
-
-// rtcnorm.jit.precompile("rms_norm_gated", ...): one group per row, silu,
-// a weight of the input's dtype, both gate orders, forward and backward.
-std::vector<jit::KernelKey> gated_variants(jit::DType dtype, int64_t hidden, const std::vector<NormMode>&, int arch) {
-  std::vector<jit::KernelKey> keys;
-  for (bool first : {true, false}) {
-    GatedProblem p;
-    p.dtype = p.wdtype = dtype;
-    p.hidden = p.group = hidden;
-    p.has_weight = true;
-    p.norm_first = first;
-    for (int dir = 0; dir < 2; ++dir)
-      if (auto k = gated_key(p, dir == 1, true, arch)) keys.push_back(*k);
-  }
-  return keys;
-}
-const bool kRegistered = register_variants(kOp, &gated_variants);
 
 }  // namespace
 

@@ -80,6 +80,9 @@ struct GatedProblem {
   unsigned quant = 0;  // forward: QuantSpec::flags() of a quantized output
 };
 std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bool want_dw, int arch);
+// The problem of a call on input of `dtype` with a weight of `wdtype`
+// (std::nullopt: no weight), for aligned tensors (max_vec 16).
+GatedProblem gated_problem(jit::DType dtype, std::optional<jit::DType> wdtype, bool norm_first, const GatedArgs& a);
 
 GatedFwdOut gated_forward_cuda(const at::Tensor& x, const at::Tensor& z, const std::optional<at::Tensor>& weight,
                                double eps, bool norm_first, const GatedArgs& a);

@@ -127,19 +127,25 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   return k;
 }
 
+GatedProblem gated_problem(jit::DType dtype, std::optional<jit::DType> wdtype, bool norm_first, const GatedArgs& a) {
+  GatedProblem p;
+  p.dtype = dtype;
+  p.wdtype = wdtype.value_or(dtype);
+  p.hidden = a.hidden;
+  p.group = a.group;
+  p.has_weight = wdtype.has_value();
+  p.norm_first = norm_first;
+  p.sigmoid = a.sigmoid;
+  return p;
+}
+
 namespace {
 
 GatedProblem problem_of(const at::Tensor& x, const std::optional<at::Tensor>& weight, bool norm_first,
                         const GatedArgs& a) {
-  GatedProblem p;
-  p.dtype = to_dtype(x.scalar_type());
-  p.wdtype = weight.has_value() ? to_dtype(weight->scalar_type()) : p.dtype;
-  p.hidden = a.hidden;
-  p.group = a.group;
-  p.has_weight = weight.has_value();
-  p.norm_first = norm_first;
-  p.sigmoid = a.sigmoid;
-  return p;
+  const std::optional<jit::DType> wd =
+      weight.has_value() ? std::optional<jit::DType>(to_dtype(weight->scalar_type())) : std::nullopt;
+  return gated_problem(to_dtype(x.scalar_type()), wd, norm_first, a);
 }
 
 int vec_of(int v, const at::Tensor& t, int64_t stride) {

@@ -114,13 +114,19 @@ void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, s
 }
 
 // flat_row: a thread keeps gamma and the dW / dB sums of its elements (the second pass re-reads x and dy from
-// shared memory).
+// shared memory); where that would spill, it reads gamma again at each use instead of keeping it. 32 elements a
+// thread only for rows that 16 cannot hold.
 void flat_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (!flat_worth(p)) return;
-  each_layout(p, 1, {4, 8, 16}, [&](const Layout& l, int elems) {
-    if (l.tpr > 512 && p.kind == kLayerNorm) return;
-    add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, elems, 40 + l.nv * (2 + w.accums()),
-             w.dh ? 3 : 2, combine_bytes(w, l, p.hidden), row_flags(p, w, l, p.hidden), gpu);
+  if (!flat_worth(p, false)) return;
+  const size_t first = out.size();
+  const int v = p.vec();
+  each_layout(p, 1, {4 / v, 8 / v, 16 / v, 32 / v}, [&](const Layout& l, int nv) {
+    if ((nv == 32 / v && out.size() > first) || (l.tpr > 512 && p.kind == kLayerNorm)) return;
+    for (bool keep : {true, false})
+      if (add_flat(out, p, int(BwdDesign::kFlatRow), bwd_flat_family(p.kind), l, nv,
+                   40 + l.nv * v * (int(keep) + 1 + w.accums()), w.dh ? 3 : 2, combine_bytes(w, l, p.hidden),
+                   row_flags(p, w, l, p.hidden) | (keep ? kKeepGamma : 0u), gpu))
+        break;
   });
 }
 

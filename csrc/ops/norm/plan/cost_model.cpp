@@ -19,8 +19,9 @@ constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds
 constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
 constexpr double kSplitEfficiency = 0.6;  // the split column kernel walks rows down columns
 constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
-// Rows read in 2-byte accesses (16-bit elements, N odd) reach this much of copy, plus the rest in proportion to an
-// access's bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
+// Rows read in narrow accesses (narrow_access: 2 bytes forward, 2 or 4 backward) reach this much of copy, plus the
+// rest in proportion to an access's bytes: the forward's one stream, the backward's two (x and dy) with their loads a
+// thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
 constexpr int64_t kSmemPerSm = 228 * 1024;
 
@@ -89,13 +90,14 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
 
 // The rows' access width: flat_row reads 16-byte pieces whatever N is (and passes them through shared memory, a barrier
 // before its stores, with the next row block's copies in flight); every other design reads vectors that divide N,
-// priced below copy where they are 2-byte loads.
-void price_access(const NormProblem& p, bool flat, double narrow, Shape& s) {
+// priced below copy where they are narrow.
+void price_access(const NormProblem& p, bool forward, bool flat, Shape& s) {
+  const double narrow = forward ? kNarrowFwd : kNarrowBwd;
   if (flat) {
     s.smem_pass = true;
     s.loads_ahead = true;
     s.after_reduction += kBarrierUs;
-  } else if (p.vec() * p.esize() < 4) {
+  } else if (narrow_access(p, forward)) {
     s.design_efficiency *= narrow + (1.0 - narrow) * p.vec() * p.esize() / 16.0;
   }
 }
@@ -117,7 +119,7 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   if (p.affine_tensors() > 0 && (c.key.flags & (kPreloadAffine | kKeepGamma)) == 0) s.after_reduction = kL2TripUs;
   s.element_us = kFwdElementUs;
-  price_access(p, d == FwdDesign::kFlatRow, kNarrowFwd, s);
+  price_access(p, true, d == FwdDesign::kFlatRow, s);
   finish(p, s, gpu, c);
 }
 void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c) {
@@ -155,7 +157,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     s.row_block_bytes = rows * row * (streams - 1.0);
     s.element_us = kBwdElementUs;
   }
-  price_access(p, d == BwdDesign::kFlatRow, kNarrowBwd, s);
+  price_access(p, false, d == BwdDesign::kFlatRow, s);
   finish(p, s, gpu, c);
   if (partials) {
     const double partial = double(c.grid) / c.knobs.slices * n * 4.0 * w.accums() * 2.0;

@@ -95,15 +95,20 @@ void each_layout(const NormProblem& p, int slices, std::initializer_list<int> nv
       if (l.tpr <= cta || cta == 128) f(l, nv);
     }
 }
-// flat_row is planned for 2-byte accesses (16-bit, N odd).
-inline bool flat_worth(const NormProblem& p) { return p.flat && p.vec() * p.esize() < 4; }
+// flat_row (its ring: kFlatStages, common/params.cuh) is planned where the rows' widest access is narrower than this
+// many bytes: 2-byte accesses forward, 2- and 4-byte ones backward (measured, docs/designs.md). The cost model prices
+// the other designs' accesses that narrow below copy.
+inline int narrow_below(bool forward) { return forward ? 4 : 8; }
+inline bool narrow_access(const NormProblem& p, bool forward) { return p.vec() * p.esize() < narrow_below(forward); }
+inline bool flat_worth(const NormProblem& p, bool forward) { return p.flat && narrow_access(p, forward); }
 // Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
                          const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
 // flat_row's candidate (persistent) on layout `l`: `streams` tensors staged, the column sums' `combine` bytes
-// reusing the stages; none where a thread holds over `elems` elements, it spills, exceeds shared memory or repeats.
-void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
-              const Layout& l, int elems, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu);
+// reusing the stages; none where a thread holds over `nv` vectors, it spills or exceeds shared memory (false), or it
+// repeats one already there.
+bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+              const Layout& l, int nv, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu);
 // A sliced row's candidate as a cooperative launch's, its slices meeting in global memory.
 Candidate grid_exchange(Candidate c);
 

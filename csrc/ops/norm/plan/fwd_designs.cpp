@@ -97,13 +97,13 @@ void chunked_row(const NormProblem& p, NormMode mode, const Gpu& gpu, bool in_sm
   c.knobs.persistent = persistent;
 }
 
-// flat_row: a thread holds up to 32 elements, a register each with its gamma / beta, LayerNorm's centred value
-// and the residual's operand and sum.
+// flat_row: a thread holds up to 32 elements, a register each (4 bytes) with its gamma / beta, LayerNorm's centred
+// value and the residual's operand and sum.
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (!flat_worth(p) || p.quant != 0 || !mode_allows(mode, true, true)) return;
-  const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0);
-  each_layout(p, 1, {2, 4, 8, 16, 32}, [&](const Layout& l, int elems) {
-    add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, elems, 40 + l.nv * per_elem,
+  if (!flat_worth(p, true) || p.quant != 0 || !mode_allows(mode, true, true)) return;
+  const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0), v = p.vec();
+  each_layout(p, 1, {2 / v, 4 / v, 8 / v, 16 / v, 32 / v}, [&](const Layout& l, int nv) {
+    add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, nv, 40 + l.nv * v * per_elem,
              p.residual ? 2 : 1, 0, p.fwd_flags() | (memory_flags(p) & kStreamStore), gpu);
   });
 }

@@ -38,8 +38,7 @@ const struct {
                                    {"reload_row", kRowKnobs | bit(Knob::kPersistent)},
                                    {"flat_row", kRowKnobs}}};
 
-NormOverride g_overrides[2];    // [forward]
-constexpr int kFlatStages = 2;  // flat_row's stages (more measured no faster)
+NormOverride g_overrides[2];  // [forward]
 
 // Keeps the candidates an override (else the tuned choice) allows (if none: all), prices and ranks them (ties in
 // catalogue order); the cheapest fills `plan`.
@@ -162,17 +161,18 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
   c.key = norm_key(p, family, l, nv, flags, blocks, arch);
   return c;
 }
-void add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
-              const Layout& l, int elems, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu) {
+bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
+              const Layout& l, int nv, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu) {
   const int64_t stages = int64_t{kFlatStages} * streams * flat_buffer_elems(l.rows, int(p.hidden), p.esize());
   const int64_t smem = std::max(combine, stages * p.esize());
-  if (l.nv > elems || smem > gpu.smem_per_cta()) return;
+  if (l.nv > nv || smem > gpu.smem_per_cta()) return false;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
-  if (regs_at(l.threads, blocks) < regs) return;  // would spill
+  if (regs_at(l.threads, blocks) < regs) return false;  // would spill
   Candidate& c = add_candidate(out, p, design, family, l, l.nv, blocks, regs, flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
   c.knobs.persistent = true;
   if (std::any_of(out.begin(), out.end() - 1, [&](const Candidate& o) { return o.key == c.key; })) out.pop_back();
+  return true;
 }
 Candidate grid_exchange(Candidate c) {
   c.knobs.grid_exchange = true;
