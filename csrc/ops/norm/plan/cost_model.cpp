@@ -19,9 +19,8 @@ constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds
 constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
 constexpr double kSplitEfficiency = 0.6;  // the split column kernel walks rows down columns
 constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
-// Rows read in narrow accesses (narrow_access: 2 bytes forward, 2 or 4 backward) reach this much of copy, plus the
-// rest in proportion to an access's bytes: the forward's one stream, the backward's two (x and dy) with their loads a
-// thread.
+// Rows read in narrow accesses (narrow_access) reach this much of copy, plus the rest in proportion to an access's
+// bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
 constexpr int64_t kSmemPerSm = 228 * 1024;
 

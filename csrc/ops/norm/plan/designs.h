@@ -95,11 +95,9 @@ void each_layout(const NormProblem& p, int slices, std::initializer_list<int> nv
       if (l.tpr <= cta || cta == 128) f(l, nv);
     }
 }
-// flat_row (its ring: kFlatStages, common/params.cuh) is planned where the rows' widest access is narrower than this
-// many bytes: 2-byte accesses forward, 2- and 4-byte ones backward (measured, docs/designs.md). The cost model prices
-// the other designs' accesses that narrow below copy.
-inline int narrow_below(bool forward) { return forward ? 4 : 8; }
-inline bool narrow_access(const NormProblem& p, bool forward) { return p.vec() * p.esize() < narrow_below(forward); }
+// flat_row (its ring: kFlatStages, common/params.cuh) is planned where the rows' widest access is narrow (measured,
+// docs/designs.md): under 4 bytes forward, under 8 backward. The cost model prices such accesses below copy.
+inline bool narrow_access(const NormProblem& p, bool forward) { return p.vec() * p.esize() < (forward ? 4 : 8); }
 inline bool flat_worth(const NormProblem& p, bool forward) { return p.flat && narrow_access(p, forward); }
 // Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
