@@ -100,13 +100,18 @@ def _arch_number(arch: str | int) -> int:
     return int(a)
 
 
-def _hidden_size(n) -> int:
-    if isinstance(n, bool):
-        raise TypeError(f"rtcnorm.jit.precompile: hidden_sizes must hold integers, got {n!r}")
+def _integer(v, message: str) -> int:
+    """``v`` as an int (bools refused); otherwise TypeError(message)."""
+    if isinstance(v, bool):
+        raise TypeError(message)
     try:
-        value = operator.index(n)
+        return operator.index(v)
     except TypeError:
-        raise TypeError(f"rtcnorm.jit.precompile: hidden_sizes must hold integers, got {n!r}") from None
+        raise TypeError(message) from None
+
+
+def _hidden_size(n) -> int:
+    value = _integer(n, f"rtcnorm.jit.precompile: hidden_sizes must hold integers, got {n!r}")
     if not 1 <= value <= _MAX_HIDDEN:
         raise ValueError(
             f"rtcnorm.jit.precompile: hidden_sizes must hold row lengths from 1 to {_MAX_HIDDEN} "
@@ -118,12 +123,7 @@ def _hidden_size(n) -> int:
 def _group_size(g) -> int | None:
     if g is None:
         return None
-    if isinstance(g, bool):
-        raise TypeError(f"rtcnorm.jit.precompile: group_sizes must hold integers or None, got {g!r}")
-    try:
-        value = operator.index(g)
-    except TypeError:
-        raise TypeError(f"rtcnorm.jit.precompile: group_sizes must hold integers or None, got {g!r}") from None
+    value = _integer(g, f"rtcnorm.jit.precompile: group_sizes must hold integers or None, got {g!r}")
     if value < 1:
         raise ValueError(f"rtcnorm.jit.precompile: group_sizes must hold positive integers or None, got {value}")
     return value
