@@ -179,6 +179,41 @@ def test_gpu_few_rows_split_over_clusters(op, shape, cluster, dtype):
         assert torch.count_nonzero(y[1]) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cluster", [None, 2, 4, 8])  # None: the planner's own split, where it makes one
+@pytest.mark.parametrize(
+    ("op", "shape"),
+    [
+        ("scaled_softmax", (1, 300, 1, 65536)),  # the planned split: 4 CTAs a row forward, 8 backward (bf16)
+        ("scaled_softmax", (3, 100, 1, 12345)),  # odd keys: single-element accesses
+        ("scaled_masked_softmax", (2, 3, 50, 20000)),
+        ("scaled_upper_triang_masked_softmax", (1, 2, 200, 200)),
+    ],
+)
+def test_gpu_many_rows_split_over_clusters(op, shape, cluster, dtype):
+    """More rows than SMs, each split over a cluster: the clusters stride over
+    row blocks. Held to the reference, with fully masked rows, and to
+    rounding the same as unsplit rows."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    x = random_input(shape, dtype, "cuda", seed=31)
+    mask = None
+    if op == "scaled_masked_softmax":
+        mask = random_mask((shape[0], 1, shape[2], shape[-1]), "cuda", seed=31)
+        mask[1, :, 3] = True  # a fully masked query row in every head of the second batch
+    forced = {} if cluster is None else {"design": "cluster_rows", "cluster": cluster}
+    with _tuning.softmax_override(**forced):
+        plan = rtcnorm.softmax.explain(op, shape, dtype, mask_shape=None if mask is None else mask.shape)
+        if cluster is not None:
+            assert plan["forward"]["cluster"] == cluster and plan["forward"]["design"] == "cluster_rows", plan
+        y = check_op(op, x, mask)
+    with _tuning.softmax_override(design="streamed"):
+        y1 = call(op, x, mask, 0.37)
+    assert_forward_close(y, y1.float(), what="cluster against streamed rows")
+    if mask is not None:
+        assert torch.count_nonzero(y[1, :, 3]) == 0
+
+
 def test_gpu_mask_layouts():
     x = random_input((2, 3, 5, 64), torch.float16, "cuda", seed=14)
     m = random_mask((2, 1, 64, 5), "cuda", seed=14).transpose(-1, -2)  # keys not contiguous

@@ -55,14 +55,21 @@ PLANS = [
     (MASKED, (1, 4, 2, 1 << 18), BF16, "full", {"arch": "sm_80"}, "forward", "streamed", (512, 2, 1, 1), None),
     (MASKED, (1, 4, 64, 1 << 18), BF16, "full", {}, "forward", "streamed", (512, 2, 1, 1), None),
     ("scaled_softmax", (4, 8, 64, 100000), FP32, None, {}, "backward", "streamed", (512, 2, 1, 1), None),
-    # The backward: rows of up to 256 16-byte vectors take one pair a thread in 512-thread CTAs.
-    ("scaled_softmax", (4, 32, 1024, 1024), BF16, None, {}, "backward", "rows", (128, 1, 4, 1), 4 * 32 * 1024 // 4),
-    ("scaled_softmax", (4, 32, 2048, 2048), BF16, None, {}, "backward", "rows", (256, 1, 2, 1), 4 * 32 * 2048 // 2),
-    ("scaled_softmax", (4, 32, 128, 128), FP16, None, {}, "backward", "rows", (16, 1, 32, 1), 4 * 32 * 128 // 32),
-    ("scaled_softmax", (4, 32, 1024, 1024), FP32, None, {}, "backward", "rows", (256, 1, 2, 1), 4 * 32 * 1024 // 2),
-    ("scaled_softmax", (4, 32, 4096, 4096), BF16, None, {}, "backward", "rows", (256, 2, 2, 1), 4 * 32 * 4096 // 2),
-    ("scaled_softmax", (4, 32, 8192, 8192), BF16, None, {}, "backward", "rows", (512, 2, 1, 1), 4 * 32 * 8192),
-    ("scaled_softmax", (4, 32, 1001, 1001), BF16, None, {}, "backward", "rows", (128, 8, 4, 1), 4 * 32 * 1001 // 4),
+    # The backward: rows of up to 256 16-byte vectors take one pair a thread in 256-thread CTAs.
+    ("scaled_softmax", (4, 32, 1024, 1024), BF16, None, {}, "backward", "rows", (128, 1, 2, 1), 4 * 32 * 1024 // 2),
+    ("scaled_softmax", (4, 32, 2048, 2048), BF16, None, {}, "backward", "rows", (256, 1, 1, 1), 4 * 32 * 2048),
+    ("scaled_softmax", (4, 32, 128, 128), FP16, None, {}, "backward", "rows", (16, 1, 16, 1), 4 * 32 * 128 // 16),
+    ("scaled_softmax", (4, 32, 1024, 1024), FP32, None, {}, "backward", "rows", (256, 1, 1, 1), 4 * 32 * 1024),
+    ("scaled_softmax", (4, 32, 4096, 4096), BF16, None, {}, "backward", "rows", (256, 2, 1, 1), 4 * 32 * 4096),
+    ("scaled_softmax", (4, 32, 8192, 8192), BF16, None, {}, "backward", "rows", (256, 4, 1, 1), 4 * 32 * 8192),
+    ("scaled_softmax", (4, 32, 1001, 1001), BF16, None, {}, "backward", "rows", (128, 8, 2, 1), 4 * 32 * 1001 // 2),
+    # Many rows that one CTA would hold alone on its SM: split over a cluster so that 4 CTAs share it.
+    ("scaled_softmax", (1024, 65536), BF16, None, {}, "forward", "cluster_rows", (256, 8, 1, 4), 1024 * 4),
+    ("scaled_softmax", (1024, 65536), BF16, None, {}, "backward", "cluster_rows", (256, 4, 1, 8), 1024 * 8),
+    ("scaled_softmax", (1024, 65536), BF16, None, {"arch": "sm_80"}, "forward", "rows", (1024, 8, 1, 1), 1024),
+    ("scaled_softmax", (2048, 32768), BF16, None, {}, "forward", "rows", (512, 8, 1, 1), 2048),
+    # ... only rows of 16-byte accesses: narrower ones stream rather than add cluster barriers.
+    ("scaled_softmax", (4096, 12345), BF16, None, {}, "forward", "streamed", (512, 8, 1, 1), None),
     # Causal rows keep the forward's shape backward: 16 registers of y and dy, 256-thread CTAs.
     (CAUSAL, (4, 32, 1024, 1024), BF16, None, {}, "backward", "rows", (32, 4, 8, 1), 4 * 32 * 1024 // 8),
     (ALIGNED, (4, 32, 2048, 2048), BF16, None, {}, "backward", "rows", (128, 2, 2, 1), 4 * 32 * 2048 // 2),
@@ -169,6 +176,18 @@ def test_streamed_rows_re_read_their_input_from_l2():
     assert cands["streamed"]["cost"]["l2_bytes"] == rows_bytes and cands["cluster_rows"]["cost"]["l2_bytes"] == 0
     assert cands["cluster_rows"]["cost"]["ns"] < cands["streamed"]["cost"]["ns"]
     assert not cands["few_rows"]["feasible"] and not cands["rows"]["feasible"]
+
+
+def test_a_lone_cta_pays_its_exponentials():
+    """A forward CTA alone on its SM wave after wave shows its exponentials; a cluster split hides them.
+    The backward has none, so its 1024-thread rows stay unsplit."""
+    fwd = {c["design"]: c for c in explain("scaled_softmax", (1024, 65536))["forward"]["candidates"]}
+    assert fwd["rows"]["knobs"]["min_blocks"] == 1 and fwd["rows"]["cost"]["lone_exps"] == 8 * 1024 * 64 * 2
+    assert fwd["cluster_rows"]["cost"]["lone_exps"] == 0
+    assert fwd["cluster_rows"]["cost"]["ns"] < fwd["rows"]["cost"]["ns"]
+    bwd = explain("scaled_softmax", (2048, 32768))["backward"]
+    assert bwd["design"] == "rows" and bwd["knobs"]["threads_per_row"] == 1024, bwd
+    assert all(c["cost"]["lone_exps"] == 0 for c in bwd["candidates"] if c["feasible"])
 
 
 def test_catalogue_declares_the_knobs():

@@ -50,7 +50,7 @@ py::list softmax_candidates(const SoftmaxTrace& t) {
                            py::arg("l2_bytes") = c.cost.l2_bytes, py::arg("ctas") = c.cost.ctas,
                            py::arg("waves") = c.cost.waves, py::arg("active_sms") = c.cost.active_sms,
                            py::arg("round_trips") = c.cost.round_trips, py::arg("serial_vecs") = c.cost.serial_vecs,
-                           py::arg("sm_vecs") = c.cost.sm_vecs);
+                           py::arg("sm_vecs") = c.cost.sm_vecs, py::arg("lone_exps") = c.cost.lone_exps);
     }
     out.append(e);
   }

@@ -17,8 +17,9 @@ constexpr double kL2BytesPerNs = 8000;   // L2 re-reads
 constexpr double kRoundTripNs = 800;     // a dependent DRAM round trip under load
 constexpr double kVecNs = 60;            // a thread's exp, FMAs and shuffles for one vector
 constexpr double kIssueNs = 0.15;        // an SM issues about a vector load a clock per scheduler
-constexpr double kClusterNs = 400;       // cluster launch, barriers and the DSMEM exchange
+constexpr double kClusterNs = 400;       // per wave: cluster launch, barriers and the DSMEM exchange
 constexpr double kLaunchNs = 2000;       // one kernel launch
+constexpr double kExpsPerNs = 28;        // ex2 an SM's special-function units retire: 16 a clock
 constexpr int kNominalSms = 132;         // SMs assumed where the problem does not say
 
 }  // namespace
@@ -49,6 +50,11 @@ SoftmaxCost softmax_cost(SoftmaxDesign d, const SoftmaxProblem& p, const Softmax
     c.waves = static_cast<double>(c.ctas) / static_cast<double>(resident);
     c.round_trips = static_cast<int>(std::ceil(c.waves));
     c.serial_vecs = k.vecs_per_thread * c.round_trips;
+    // A CTA alone on its SM for wave after wave (launch bounds of one) runs
+    // its loads, exponentials and stores in series: no other CTA's traffic
+    // hides its exponentials, two an element unless it keeps them.
+    if (!p.backward && k.min_blocks == 1 && c.waves > 1)
+      c.lone_exps = int64_t(c.round_trips) * threads * k.vecs_per_thread * k.vec * (k.keep_exp ? 1 : 2);
   } else {
     // A persistent grid: each CTA loops over its rows, two passes of chunks each.
     const int per_sm = k.ctas_per_sm > 0 ? std::min(k.ctas_per_sm, std::max(1, k.min_blocks)) : k.min_blocks;
@@ -67,7 +73,7 @@ SoftmaxCost softmax_cost(SoftmaxDesign d, const SoftmaxProblem& p, const Softmax
   const double bw = std::min(kHbmBytesPerNs, c.active_sms * kSmBytesPerNs);
   c.ns = kLaunchNs + c.round_trips * kRoundTripNs + c.serial_vecs * kVecNs + static_cast<double>(c.dram_bytes) / bw +
          static_cast<double>(c.l2_bytes) / kL2BytesPerNs + static_cast<double>(c.sm_vecs) * kIssueNs +
-         (k.cluster > 1 ? kClusterNs : 0);
+         (k.cluster > 1 ? c.round_trips * kClusterNs : 0) + static_cast<double>(c.lone_exps) / kExpsPerNs;
   return c;
 }
 

@@ -24,12 +24,13 @@ constexpr int kMaxRegs = 32;
 constexpr int kFewRowsFwdRegs = 8;  // a lone CTA per SM: its time is one thread's serial chain
 constexpr int kResidentThreads = 1024;
 constexpr int kMaxCachedThreads = 1024;
-constexpr int kCtaThreads = 256;     // rows shorter than a CTA share one
-constexpr int kBwdCtaThreads = 512;  // full-row backward (docs/history.md entry 16)
-constexpr int kBwdShortVecs = 256;   // backward rows of up to this many 16-byte vectors: one pair a thread
-constexpr int kWarp = 32;            // up to kMaxRegs a thread, a warp per row needs no barriers
-constexpr int kKeepExpElems = 16;    // cached forward rows keep exp2(z - m) up to this many elements a thread
-constexpr int kStreamRegs = 8;       // streamed chunks stay small: two are live at once
+// Rows shorter than a CTA share one, forward and backward (docs/history.md
+// entry 89: 256-thread backward CTAs beat 512 by 2-5% on H200).
+constexpr int kCtaThreads = 256;
+constexpr int kBwdShortVecs = 256;  // backward rows of up to this many 16-byte vectors: one pair a thread
+constexpr int kWarp = 32;           // up to kMaxRegs a thread, a warp per row needs no barriers
+constexpr int kKeepExpElems = 16;   // cached forward rows keep exp2(z - m) up to this many elements a thread
+constexpr int kStreamRegs = 8;      // streamed chunks stay small: two are live at once
 constexpr int kStreamThreads = 512;
 constexpr int kStreamCtasPerSm = 2;  // streamed rows in flight stay well inside L2
 // Masked forward with a broadcast mask: from this many keys the heads'
@@ -45,10 +46,14 @@ constexpr int64_t kReuseRun = 4, kReuseCols = 2048, kReuseBlocks = 2048;
 // more (docs/history.md entry 49).
 constexpr int kMaxRowCluster = 8;
 constexpr int64_t kMinClusterRowVecs = 4096, kMinClusterSliceVecs = 256;
+// Many rows: a row split over a cluster leaves at least this many CTAs on an
+// SM (docs/history.md entry 89: 1024x65536 forward 100.5 us unsplit, 88.5 in
+// CTAs of 512 threads, 79.6 in CTAs of 256).
+constexpr int kClusterResident = 4;
 
 // Per-problem register arithmetic shared by the designs.
 struct RowBudget {
-  int vec, tensors, regs_per_vec, target_nv, max_nv, cta_threads;
+  int vec, tensors, regs_per_vec, target_nv, max_nv;
   int64_t nvec;
 };
 
@@ -64,7 +69,6 @@ RowBudget row_budget(const SoftmaxProblem& p, bool few_rows) {
   const bool bwd_short = full_bwd && b.vec * esize == 16 && b.nvec <= kBwdShortVecs;
   const int target_regs = bwd_short ? b.regs_per_vec : (few_rows && !bwd ? kFewRowsFwdRegs : kTargetRegs);
   const int max_regs = std::max(target_regs, bwd_short ? b.regs_per_vec : kMaxRegs);
-  b.cta_threads = full_bwd ? kBwdCtaThreads : kCtaThreads;
   // Forward rows of single elements spill past 8 a thread.
   b.max_nv = std::min(std::max(1, max_regs / b.regs_per_vec), !bwd && b.vec == 1 ? 8 : 32);
   b.target_nv = std::min(b.max_nv, std::max(1, target_regs / b.regs_per_vec));
@@ -77,13 +81,13 @@ bool long_masked(const SoftmaxProblem& p) { return p.broadcast_mask() && p.cols 
 int64_t packed_threads(const RowBudget& b) {
   int64_t tpr = pow2_ceil(ceil_div(b.nvec, b.target_nv));
   if (tpr > kWarp && ceil_div(b.nvec, kWarp) <= b.max_nv) tpr = kWarp;
-  if (tpr > b.cta_threads) tpr = std::max<int64_t>(b.cta_threads, pow2_ceil(ceil_div(b.nvec, b.max_nv)));
+  if (tpr > kCtaThreads) tpr = std::max<int64_t>(kCtaThreads, pow2_ceil(ceil_div(b.nvec, b.max_nv)));
   return tpr;
 }
 
 // A row (or slice) of `vecs` alone in its CTA: threads at the target, no warp preference.
 int64_t spread_threads(const RowBudget& b, int64_t vecs) {
-  const int64_t n = std::clamp<int64_t>(pow2_ceil(ceil_div(vecs, b.target_nv)), 1, b.cta_threads);
+  const int64_t n = std::clamp<int64_t>(pow2_ceil(ceil_div(vecs, b.target_nv)), 1, kCtaThreads);
   return std::max<int64_t>(n, pow2_ceil(ceil_div(vecs, b.max_nv)));
 }
 
@@ -115,7 +119,7 @@ void finish(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, bool cached
 bool packed_shape(const SoftmaxProblem& p, SoftmaxKnobs* k, const char** why) {
   const RowBudget b = row_budget(p, false);
   int64_t tpr = packed_threads(b);
-  int cta = b.cta_threads;
+  int cta = kCtaThreads;
   if (long_masked(p)) {
     tpr = std::max<int64_t>(kLongMaskedThreads, pow2_ceil(ceil_div(b.nvec, b.max_nv)));
     cta = static_cast<int>(std::min<int64_t>(tpr, kCtaThreads));
@@ -169,18 +173,37 @@ bool few_rows_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Sof
   return true;
 }
 
-bool cluster_rows_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, SoftmaxKnobs* k, const char** why) {
-  if (!p.arch.clusters) return fail(why, "thread-block clusters need sm_90");
-  if (!few_rows_feasible(p, why)) return false;
-  const RowBudget b = row_budget(p, true);
+// How many CTAs split a row. Few rows (at most an eighth as many as SMs):
+// the most, up to 8, that keep slices of kMinClusterSliceVecs. Many rows: the
+// fewest that let kClusterResident CTAs share an SM, where one CTA holding a
+// whole row would be alone on it (its load, reductions and store then run in
+// series, with nothing else on the SM to overlap them), and only rows of
+// 16-byte accesses: narrower ones are issue-bound, and a split adds cluster
+// barriers to them (entry 89: 4096x12345 bf16 forward 229 us split, 145
+// streamed). 1: no split.
+int64_t cluster_split(const SoftmaxProblem& p, const RowBudget& b, bool few) {
   int64_t cl = 1;
-  if (ov.has(SoftmaxKnob::kCluster)) {
-    cl = b.nvec >= ov.get(SoftmaxKnob::kCluster) ? ov.get(SoftmaxKnob::kCluster) : 1;
-  } else if (p.rows * kMaxRowCluster <= p.arch.sm_count && b.nvec >= kMinClusterRowVecs) {
+  if (few) {
+    if (p.rows * kMaxRowCluster > p.arch.sm_count || b.nvec < kMinClusterRowVecs) return 1;
     while (cl < kMaxRowCluster && p.rows * cl * 2 <= p.arch.sm_count && b.nvec / (cl * 2) >= kMinClusterSliceVecs)
       cl *= 2;
+    return cl;
   }
-  if (cl < 2) return fail(why, "needs at most an eighth as many rows as SMs and rows of 4096 vectors or more");
+  const int64_t shared = kResidentThreads / kClusterResident;
+  if (b.vec * jit::element_size(p.dtype) < 16 || pow2_ceil(ceil_div(b.nvec, b.max_nv)) <= shared) return 1;
+  while (cl < kMaxRowCluster && spread_threads(b, ceil_div(b.nvec, cl)) > shared) cl *= 2;
+  return spread_threads(b, ceil_div(b.nvec, cl)) <= shared ? cl : 1;
+}
+
+bool cluster_rows_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, SoftmaxKnobs* k, const char** why) {
+  if (!p.arch.clusters) return fail(why, "thread-block clusters need sm_90");
+  const bool few = p.arch.sm_count > 0 && p.rows <= p.arch.sm_count;
+  const RowBudget b = row_budget(p, few);
+  int64_t cl = cluster_split(p, b, few);
+  if (ov.has(SoftmaxKnob::kCluster)) cl = b.nvec >= ov.get(SoftmaxKnob::kCluster) ? ov.get(SoftmaxKnob::kCluster) : 1;
+  if (cl < 2)
+    return fail(why, few ? "needs at most an eighth as many rows as SMs and rows of 4096 vectors or more"
+                         : "needs rows whose CTA would fill an SM alone");
   const int64_t slice = ceil_div(b.nvec, cl);
   const int64_t tpr = spread_threads(b, slice);
   if (too_long(tpr, why)) return false;

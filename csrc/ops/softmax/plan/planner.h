@@ -27,6 +27,7 @@ struct SoftmaxCost {
   int round_trips = 0;     // dependent memory round trips a CTA waits for
   int serial_vecs = 0;     // vectors one thread loads and reduces in series
   int64_t sm_vecs = 0;     // vector loads each occupied SM issues
+  int64_t lone_exps = 0;   // exponentials of a CTA alone on its SM, per SM, that nothing overlaps
   double ns = 0;           // the estimate the ranking uses
 };
 
