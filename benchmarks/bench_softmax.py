@@ -1,8 +1,14 @@
-"""Softmax family benchmark: rtcnorm against torch eager, torch.compile, Apex and TransformerEngine.
+"""Softmax family benchmark: rtcnorm against torch eager, torch.compile, Quack, Apex and TransformerEngine.
 
 Shapes come from benchmarks/bench_shapes.json ("softmax": masked, causal,
-aligned_causal; B x H x Sq x Sk). Each row is timed side by side in one run:
+aligned_causal; B x H x Sq x Sk) and PLAIN_SHAPES below (plain softmax of
+M x N rows, N up to 65536). Each row is timed side by side in one run:
 median of triton.testing.do_bench (or CUDA events) with L2 flushed.
+
+Quack's softmax is plain (2-D, unscaled, unmasked; N % 8 == 0). On plain rows
+it is a peer like the others; beside the masked and causal ops it runs its
+plain softmax over the same rows, the bar those ops are held to ("kernel vs
+quack plain"), and is left out of "best peer".
 
 Bytes counted (the fewest the op must move):
 - masked forward: x + y + mask (the mask as stored: (B, 1, Sq, Sk) bool);
@@ -38,6 +44,10 @@ import rtcnorm  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NEG_INF = float("-inf")
+# Plain softmax rows (1 x 1 x M x N): 128 MB of bf16 input from N = 1024 to
+# 65536, the widest at 32 MB too, and an odd N that no 16-byte access fits.
+PLAIN_SHAPES = [[1, 1, (1 << 26) // n, n] for n in (1024, 2048, 4096, 8192, 16384, 32768, 65536)]
+PLAIN_SHAPES += [[1, 1, 256, 65536], [1, 1, 4096, 12345]]
 
 
 # ---- implementations: each maps (kind, x, hidden, scale) to y, or raises ----------
@@ -51,6 +61,8 @@ def hidden_causal(sq, sk, device):
 
 
 def torch_eager(kind, x, hidden, scale):
+    if hidden is None:
+        return torch.softmax(x * scale, dim=-1)
     return torch.softmax((x * scale).masked_fill(hidden, NEG_INF), dim=-1)
 
 
@@ -64,6 +76,8 @@ def torch_compile(kind, x, hidden, scale):
 
 
 def rtcnorm_impl(kind, x, mask, scale):
+    if kind == "plain":
+        return rtcnorm.scaled_softmax(x, scale)
     if kind == "masked":
         return rtcnorm.scaled_masked_softmax(x, mask, scale)
     if kind == "causal":
@@ -71,11 +85,24 @@ def rtcnorm_impl(kind, x, mask, scale):
     return rtcnorm.scaled_aligned_causal_masked_softmax(x, scale)
 
 
+def _quack():
+    qk = harness.peer("quack")
+    if qk is None:
+        raise ImportError(harness.peer_status()["quack"])
+
+    def run(kind, x, hidden, scale):
+        return qk.softmax(x.reshape(-1, x.shape[-1])).view(x.shape)
+
+    return run
+
+
 def _megatron_kernels(f, aligned: bool):
     """A runner over the Megatron fused-softmax autograd functions of module `f`
     (Apex and TransformerEngine ship the same ones; Apex has no aligned causal)."""
 
     def run(kind, x, mask, scale):
+        if kind == "plain":
+            return f.ScaledSoftmax.apply(x, scale)
         if kind == "masked":
             return f.ScaledMaskedSoftmax.apply(x, mask, scale)
         if kind == "causal":
@@ -105,7 +132,7 @@ def implementations(with_peers: bool):
     if with_peers:
         impls["torch"] = torch_eager
         impls["compile"] = torch_compile
-        for name, make in (("apex", _apex), ("te", _te)):
+        for name, make in (("quack", _quack), ("apex", _apex), ("te", _te)):
             try:
                 impls[name] = make()
             except Exception as e:  # not installed, or built without the fused softmax
@@ -154,6 +181,8 @@ def bench_shape(kind, shape, dtype, impls, phases, table):
     dy = torch.randn(shape, device=device, dtype=dtype, generator=g)
     if kind == "masked":
         hidden = torch.rand((b, 1, sq, sk), device=device, generator=g) < 0.1
+    elif kind == "plain":
+        hidden = None
     else:
         hidden = hidden_causal(sq, sk, device)
     elt = x.numel() * x.element_size()
@@ -182,7 +211,7 @@ def bench_shape(kind, shape, dtype, impls, phases, table):
                 rtc_kernel = kernel_rate
                 if kernel_rate:
                     row["kernel %copy"] = round(100 * kernel_rate / copy_kernel, 1)
-            else:
+            elif name != "quack" or kind == "plain":
                 best_peer = max(best_peer, rate)
                 best_peer_kernel = max(best_peer_kernel, kernel_rate or 0.0)
             gc.collect()
@@ -193,21 +222,24 @@ def bench_shape(kind, shape, dtype, impls, phases, table):
         row["best peer kernel"] = round(best_peer_kernel) if best_peer_kernel else "-"
         if best_peer_kernel and rtc_kernel:
             row["kernel vs best"] = f"{rtc_kernel / best_peer_kernel:.2f}x"
+        if isinstance(row.get("quack kernel"), int) and rtc_kernel:
+            row["kernel vs quack plain"] = f"{rtc_kernel / row['quack kernel']:.2f}x"
         table.add(row)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", default="masked,causal,aligned_causal")
+    p.add_argument("--kinds", default="plain,masked,causal,aligned_causal")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--phases", default="fwd,bwd")
     p.add_argument("--quick", action="store_true", help="first two shapes of each kind")
     p.add_argument("--no-peers", action="store_true", help="rtcnorm only")
+    p.add_argument("--out", help="results name under benchmarks/results (default softmax_<dtype>)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_softmax: needs a CUDA GPU")
 
-    shapes = harness.load_shapes()["softmax"]
+    shapes = dict(harness.load_shapes()["softmax"], plain=PLAIN_SHAPES)
     dtype = DTYPES[args.dtype]
     impls = implementations(not args.no_peers)
     phases = args.phases.split(",")
@@ -216,12 +248,13 @@ def main():
     peers = [n for n in impls if n != "rtcnorm"]
     columns += peers + ["best peer", "vs best"]
     columns += [f"{n} kernel" for n in peers] + ["best peer kernel", "kernel vs best"]
+    columns += ["kernel vs quack plain"] if "quack" in impls else []
     table = harness.Table(f"Softmax family, {args.dtype}, {torch.cuda.get_device_name()} (GB/s)", columns)
     for kind in args.kinds.split(","):
         for shape in shapes[kind][: 2 if args.quick else None]:
             bench_shape(kind, tuple(shape), dtype, impls, phases, table)
     table.print()
-    table.save(f"softmax_{args.dtype}")
+    table.save(args.out or f"softmax_{args.dtype}")
     s = rtcnorm.jit.stats()
     print(
         f"JIT: {s['compiles']} compiles ({s['compile_ms']:.0f} ms), {s['disk_hits']} disk hits "

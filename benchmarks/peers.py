@@ -85,10 +85,15 @@ def _load_te():
 
 def _load_quack():
     from quack.rmsnorm import layernorm_bwd, layernorm_fwd, rmsnorm
+    from quack.softmax import softmax
 
     # Quack's LayerNorm is two functions (no autograd): the benchmark pairs them.
+    # Its softmax is 2-D, unscaled and unmasked, with autograd.
     return SimpleNamespace(
-        rms_norm=rmsnorm, layer_norm=(layernorm_fwd, layernorm_bwd), version=_version("quack-kernels")
+        rms_norm=rmsnorm,
+        layer_norm=(layernorm_fwd, layernorm_bwd),
+        softmax=softmax,
+        version=_version("quack-kernels"),
     )
 
 
