@@ -31,7 +31,7 @@
 //   take part in the barriers of group_allreduce).
 // - MINB is the launch-bounds minimum of resident CTAs per SM: registers are
 //   capped at 65536 / (MINB * TPR * ROWS) per thread. OPTS holds SoftmaxOpt
-//   bits; kSoftmaxPrefetch and kSoftmaxKeepExp act on cached rows only.
+//   bits; kSoftmaxKeepExp acts on cached rows only.
 // - Causal rows never read past their last visible key: vectors wholly
 //   beyond it are neither loaded nor computed, only written as zeros; the
 //   one straddling it is loaded and its masked lanes set to -inf. The

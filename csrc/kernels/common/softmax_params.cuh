@@ -46,8 +46,6 @@ enum SoftmaxKind : int {
 // Kernel options (the OPTS template argument; the planner sets them):
 // - kSoftmaxKeepExp: a cached row keeps exp2(z - m) in fp32 registers for
 //   the write pass instead of recomputing it.
-// - kSoftmaxPrefetch: a cached row block asks L2 for the next row block the
-//   CTA will take (grid-stride loop) while it reduces and writes this one.
 // - kSoftmaxHeadsInner (masked forward only): rows are taken in an order
 //   where the rows that share one mask row (a broadcast dim, e.g. heads) are
 //   consecutive, so a mask row is read from DRAM once and then hits L2.
@@ -64,7 +62,7 @@ enum SoftmaxKind : int {
 //   row statistics meet in distributed shared memory (common/cluster.cuh).
 enum SoftmaxOpt : unsigned {
   kSoftmaxKeepExp = 1u,
-  kSoftmaxPrefetch = 2u,
+  // 2u: unused (a prefetching persistent grid lost 4-35%, history entry 89)
   kSoftmaxHeadsInner = 4u,
   kSoftmaxMaskReuse = 8u,
   kSoftmaxStreamStore = 16u,

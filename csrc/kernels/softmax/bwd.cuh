@@ -9,12 +9,11 @@ template <typename T, int VEC, int TPR, int ROWS, int NV, bool CAUSAL, bool CACH
 __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdParams p) {
   using PT = Pack<T, VEC>;
   constexpr int kChunk = TPR * NV;
-  constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr bool kL1 = (OPTS & kSoftmaxL1Alloc) != 0;
   constexpr int kCl = 1 << ((OPTS & kSoftmaxClusterBits) >> kSoftmaxClusterShift);
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
-  static_assert(kCl == 1 || (CACHED && ROWS == 1 && !kPrefetch), "a cluster splits cached rows of one CTA each");
+  static_assert(kCl == 1 || (CACHED && ROWS == 1), "a cluster splits cached rows of one CTA each");
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
   __shared__ ClusterScratch<kCl, ROWS, Sum1> cscratch;
@@ -27,22 +26,6 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);
   const int nvec = p.cols / VEC;
-
-  // The visible part of row block rb's rows (y and dy) into L2.
-  auto prefetch_rows = [&](int rb) {
-    if (rb >= p.row_blocks) return;
-    const SoftmaxRow n = softmax_row<VEC, TPR, ROWS, CAUSAL>(rb, p.sq, p.rows, p.cols, p.diag);
-    if (!n.ok) return;
-    const long long ny = static_cast<long long>(n.row) * p.cols;
-    const long long ng = row_offset(p.dy_rows, n.row);
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int v = vidx(0, i);
-      if (v >= n.nload) continue;
-      prefetch_l2<T, VEC>(y, ny + 1LL * v * VEC);
-      prefetch_l2<T, VEC>(dy, ng + 1LL * v * VEC);
-    }
-  };
 
   for (int rb = blockIdx.x / kCl; rb < p.row_blocks; rb += gridDim.x / kCl) {
     const SoftmaxRow r = softmax_row<VEC, TPR, ROWS, CAUSAL>(rb, p.sq, p.rows, p.cols, p.diag);
@@ -92,7 +75,6 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd(const SoftmaxBwdP
     if constexpr (CACHED) {
       PT yv[NV], gv[NV];
       load_chunk(0, yv, gv);
-      if constexpr (kPrefetch) prefetch_rows(rb + gridDim.x);
       Sum1 dot = group_allreduce<TPR, ROWS>(Sum1{dot_chunk(0, yv, gv, 0.f)}, scratch);
       dot = cluster_allreduce<kCl, ROWS, TPR>(dot, cscratch, calls++, 0, static_cast<int>(threadIdx.x));
       store_chunk(0, yv, gv, dot.a);

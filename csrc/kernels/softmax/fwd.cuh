@@ -10,7 +10,6 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   using PT = Pack<T, VEC>;
   constexpr int kChunk = TPR * NV;
   constexpr bool kKeepExp = CACHED && (OPTS & kSoftmaxKeepExp) != 0;
-  constexpr bool kPrefetch = CACHED && (OPTS & kSoftmaxPrefetch) != 0;
   constexpr bool kHeadsInner = KIND == kSoftmaxMasked && (OPTS & kSoftmaxHeadsInner) != 0;
   constexpr bool kReuse = CACHED && kHeadsInner && (OPTS & kSoftmaxMaskReuse) != 0;
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
@@ -18,7 +17,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   constexpr int kCl = 1 << ((OPTS & kSoftmaxClusterBits) >> kSoftmaxClusterShift);
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
-  static_assert(kCl == 1 || (CACHED && ROWS == 1 && !kReuse && !kPrefetch),
+  static_assert(kCl == 1 || (CACHED && ROWS == 1 && !kReuse),
                 "a cluster splits cached rows of one CTA each, one row block at a time");
 
   __shared__ GroupScratch<TPR, ROWS, MaxSum> scratch;
@@ -37,22 +36,6 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     return softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal, kHeadsInner>(rb, p.sq, p.rows, p.cols, p.diag, &p.inner,
                                                                             &p.bcast);
   };
-  // The visible part of row block rb's rows (x and mask) into L2.
-  auto prefetch_rows = [&](int rb) {
-    if (rb >= p.row_blocks) return;
-    const SoftmaxRow n = row_at(rb);
-    if (!n.ok) return;
-    const long long nx = row_offset(p.x_rows, n.row);
-    const long long nm = KIND == kSoftmaxMasked ? row_offset(p.mask_rows, n.row) : 0;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int v = vidx(0, i);
-      if (v >= n.nload) continue;
-      prefetch_l2<T, VEC>(x, nx + 1LL * v * VEC);
-      if constexpr (KIND == kSoftmaxMasked) prefetch_l2<unsigned char, VEC>(p.mask, nm + 1LL * v * VEC);
-    }
-  };
-
   // Loads the visible vectors of chunk c of row r, and (with_mask) their mask
   // bits packed 32 to a word (vector i owns bits i * VEC .. i * VEC + VEC - 1;
   // VEC divides 32); without with_mask, mw keeps the bits already there.
@@ -88,13 +71,11 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     return o;
   };
 
-  // A register-cached row: x (and with_mask, the mask bits) read once. Row
-  // block rb only steers the next-row-block prefetch.
-  auto cached_row = [&](const SoftmaxRow& r, unsigned(&mw)[kMaskWords], bool with_mask, int rb) {
+  // A register-cached row: x (and with_mask, the mask bits) read once.
+  auto cached_row = [&](const SoftmaxRow& r, unsigned(&mw)[kMaskWords], bool with_mask) {
     const auto [xoff, moff, yoff, nstore] = offsets(r);
     PT xv[NV];
     load_chunk(r, xoff, moff, 0, xv, mw, with_mask);
-    if constexpr (kPrefetch && !kReuse) prefetch_rows(rb + gridDim.x);
     float m = neg_inf();
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -168,7 +149,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       unsigned mw[kMaskWords];
       for (int h = h0; h < h1; ++h) {
         r.row = r.ok ? row0 + static_cast<unsigned>(h) * p.inner.d : static_cast<unsigned>(p.rows);
-        cached_row(r, mw, h == h0, rb);
+        cached_row(r, mw, h == h0);
       }
     }
     return;
@@ -179,7 +160,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     const SoftmaxRow r = row_at(rb);
     if constexpr (CACHED) {
       unsigned mw[kMaskWords];
-      cached_row(r, mw, true, rb);
+      cached_row(r, mw, true);
     } else {
       const auto [xoff, moff, yoff, nstore] = offsets(r);
       float m = neg_inf(), s = 0.f;
