@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import rtcnorm
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rtcnorm import _tuning
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -208,3 +210,37 @@ def test_memoized_plans_match_the_trace(op, sk):
     shape = (1 << 14, 4, sk) if op in (CAUSAL, ALIGNED) else (1 << 16, sk)  # 65536 rows, as precompile plans
     e = explain(op, shape, BF16, shape if op == MASKED else None, sm_count=1)  # no grid fits one wave
     assert e["forward"]["kernel"] in kernels and e["backward"]["kernel"] in kernels, (e, kernels)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    op=st.sampled_from(["scaled_softmax", CAUSAL]),
+    rows=st.integers(1, 1 << 20),
+    cols=st.integers(1, 1 << 18),
+    dtype=st.sampled_from([BF16, FP16, FP32]),
+    target=st.sampled_from([("sm_80", 108), ("sm_90", 132), ("sm_100", 148)]),
+)
+def test_every_plan_holds_its_row(op, rows, cols, dtype, target):
+    """Whatever the problem: a cached plan's threads, vectors and cluster cover
+    the row; CTAs stay within 1024 threads; clusters appear only on sm_90+, and
+    a many-row split leaves CTAs of at most 256 threads; the backward charges
+    no exposed exponentials; the pick is the cheapest feasible candidate."""
+    arch, sms = target
+    shape = (rows, cols) if op == "scaled_softmax" else (1, rows, cols)
+    e = explain(op, shape, dtype, arch=arch, sm_count=sms)
+    for phase in ("forward", "backward"):
+        p = e[phase]
+        k = p["knobs"]
+        assert p["threads_per_row"] & (p["threads_per_row"] - 1) == 0 and p["block"] <= 1024, p
+        assert k["cluster"] in (1, 2, 4, 8) and (k["cluster"] == 1 or arch != "sm_80"), p
+        if p["cached_row"]:
+            assert k["threads_per_row"] * k["vecs_per_thread"] * k["vec"] * k["cluster"] >= cols, p
+        if k["cluster"] > 1 and rows > sms:
+            assert p["block"] <= 256 and k["vec"] * dtype.itemsize == 16, p
+        feasible = [c for c in p["candidates"] if c["feasible"]]
+        assert (
+            min(c["cost"]["ns"] for c in feasible)
+            == next(c for c in feasible if c["design"] == p["design"])["cost"]["ns"]
+        )
+        if phase == "backward":
+            assert all(c["cost"]["lone_exps"] == 0 for c in feasible), p
