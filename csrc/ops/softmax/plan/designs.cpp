@@ -174,36 +174,37 @@ bool few_rows_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Sof
 }
 
 // How many CTAs split a row. Few rows (at most an eighth as many as SMs):
-// the most, up to 8, that keep slices of kMinClusterSliceVecs. Many rows: the
-// fewest that let kClusterResident CTAs share an SM, where one CTA holding a
-// whole row would be alone on it (its load, reductions and store then run in
-// series, with nothing else on the SM to overlap them), and only rows of
-// 16-byte accesses: narrower ones are issue-bound, and a split adds cluster
-// barriers to them (entry 89: 4096x12345 bf16 forward 229 us split, 145
-// streamed). 1: no split.
+// the most, up to 8, that keep slices of kMinClusterSliceVecs. Many rows:
+// only rows of 16-byte accesses whose unsplit CTA would take more than
+// 1 / kClusterResident of an SM's threads, split over the fewest CTAs that
+// let kClusterResident of them share an SM (an unsplit CTA alone on its SM
+// runs its load, reductions and store in series). Narrower accesses are
+// issue-bound, and a split only adds cluster barriers to them (entry 89:
+// 4096x12345 bf16 forward 229 us split, 145 streamed). 1: no split.
 int64_t cluster_split(const SoftmaxProblem& p, const RowBudget& b, bool few) {
-  int64_t cl = 1;
   if (few) {
     if (p.rows * kMaxRowCluster > p.arch.sm_count || b.nvec < kMinClusterRowVecs) return 1;
+    int64_t cl = 1;
     while (cl < kMaxRowCluster && p.rows * cl * 2 <= p.arch.sm_count && b.nvec / (cl * 2) >= kMinClusterSliceVecs)
       cl *= 2;
     return cl;
   }
   const int64_t shared = kResidentThreads / kClusterResident;
   if (b.vec * jit::element_size(p.dtype) < 16 || pow2_ceil(ceil_div(b.nvec, b.max_nv)) <= shared) return 1;
-  while (cl < kMaxRowCluster && spread_threads(b, ceil_div(b.nvec, cl)) > shared) cl *= 2;
-  return spread_threads(b, ceil_div(b.nvec, cl)) <= shared ? cl : 1;
+  for (int64_t cl = 2; cl <= kMaxRowCluster; cl *= 2)
+    if (spread_threads(b, ceil_div(b.nvec, cl)) <= shared) return cl;
+  return 1;
 }
 
 bool cluster_rows_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, SoftmaxKnobs* k, const char** why) {
   if (!p.arch.clusters) return fail(why, "thread-block clusters need sm_90");
   const bool few = p.arch.sm_count > 0 && p.rows <= p.arch.sm_count;
   const RowBudget b = row_budget(p, few);
-  int64_t cl = cluster_split(p, b, few);
-  if (ov.has(SoftmaxKnob::kCluster)) cl = b.nvec >= ov.get(SoftmaxKnob::kCluster) ? ov.get(SoftmaxKnob::kCluster) : 1;
+  const int64_t forced = ov.has(SoftmaxKnob::kCluster) ? ov.get(SoftmaxKnob::kCluster) : 0;
+  const int64_t cl = forced ? (b.nvec >= forced ? forced : 1) : cluster_split(p, b, few);
   if (cl < 2)
     return fail(why, few ? "needs at most an eighth as many rows as SMs and rows of 4096 vectors or more"
-                         : "needs rows whose CTA would fill an SM alone");
+                         : "needs rows of 16-byte accesses whose CTA would take over a quarter of an SM");
   const int64_t slice = ceil_div(b.nvec, cl);
   const int64_t tpr = spread_threads(b, slice);
   if (too_long(tpr, why)) return false;
