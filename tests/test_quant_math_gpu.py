@@ -8,11 +8,13 @@ bit pattern:
 
 - e2m1_code against the plain definition (the code of the nearest E2M1 value,
   ties to the even code, saturating; NaN gives +6) and e2m1_codes' packing
-  (the device gathers signs with byte permutes);
+  of products (the device clamps magnitudes only and gathers signs with byte
+  permutes);
 - on sm_89+, the hardware E4M3 byte and value against quant::e4m3_code and
   e4m3_value for every non-negative float and +inf (the block-scale inputs),
-  and the epilogue's (scale byte, encode multiplier) against
-  quant::nvfp4_scale_code / nvfp4_encode for every non-negative block amax;
+  and the epilogue's (scale byte, encode multiplier from the CTA's table)
+  against quant::nvfp4_scale_code / nvfp4_encode for every non-negative
+  block amax;
   the words of four FP8 data codes (E4M3 and E5M2) against
   quant::e4m3_code / e5m2_code for every float (NaN as arithmetic gives it).
 """
@@ -46,16 +48,21 @@ __device__ unsigned e2m1_by_compares(float v) {
 // bad[3]: hardware E4M3 value; bad[4]: NVFP4 scale byte and multiplier;
 // bad[5]: hardware FP8 data words.
 extern "C" __global__ void check(unsigned long long* bad, float gs) {
+#if __CUDA_ARCH__ >= 890
+  nvfp4_fill_encode_table(gs);
+#endif
   const unsigned long long stride = 1ull * gridDim.x * blockDim.x;
   for (unsigned long long i = 1ull * blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 32); i += stride) {
     const unsigned u = static_cast<unsigned>(i);
     const float v = __uint_as_float(u);
     if (quant::e2m1_code(v) != e2m1_by_compares(v)) atomicAdd(&bad[0], 1ull);
     if ((u & 7u) == 0) {  // eight patterns spread over the range, multiplier 1
+      // Products: a NaN is the canonical 0x7FFFFFFF, as the epilogue's are.
       float w[8];
       unsigned want = 0;
       for (int j = 0; j < 8; ++j) {
-        w[j] = __uint_as_float(u + 0x2f0e3d1bu * j);
+        const unsigned b = u + 0x2f0e3d1bu * j;
+        w[j] = __uint_as_float((b & 0x7fffffffu) > 0x7f800000u ? 0x7fffffffu : b);
         want |= quant::e2m1_code(w[j]) << (4 * j);
       }
       const float w4[4] = {w[0], w[1], w[2], w[3]};
@@ -80,8 +87,8 @@ extern "C" __global__ void check(unsigned long long* bad, float gs) {
       const unsigned c = e4m3_of(v);
       if (c != quant::e4m3_code(v)) atomicAdd(&bad[2], 1ull);
       if (__float_as_uint(e4m3_decode(c)) != __float_as_uint(quant::e4m3_value(c))) atomicAdd(&bad[3], 1ull);
-      const unsigned code = e4m3_of(quant::nvfp4_scale_input(v, gs));
-      const float enc = quant::nvfp4_encode_of(e4m3_decode(code), gs);
+      const unsigned code = nvfp4_block_code(v, gs);
+      const float enc = nvfp4_encode_table()[code];
       if (code != quant::nvfp4_scale_code(v, gs) || __float_as_uint(enc) != __float_as_uint(quant::nvfp4_encode(code, gs)))
         atomicAdd(&bad[4], 1ull);
     }

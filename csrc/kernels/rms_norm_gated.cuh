@@ -156,6 +156,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
       a = group_allreduce<RT, ROWS>(Max1{a}, qscratch).a;
       row_value = Quant::token_multiplier(p, row, a, row_ok && seg == 0 && lane == 0);
     }
+    const typename Quant::Row qrow = Quant::template row_of<kEven>(p, row);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * kTpr + lane;
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
         for (int j = 0; j < VEC; ++j) out[j] = 0.f;
         if (ok) output(i, v, out);
         // v of the whole row: the segment's first vector is seg * kSv.
-        quant_out.template emit<false>(p, row, seg * kSv + v, lane, ok, out, row_value);
+        quant_out.template emit<false>(p, qrow, seg * kSv + v, lane, ok, out, row_value);
       }
     }
   }

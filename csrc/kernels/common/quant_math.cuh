@@ -179,15 +179,23 @@ RTCNORM_QFN unsigned e2m1_signs(const unsigned (&b)[K]) {
 }
 
 // The codes of v[j] * mult, j < K <= 8, element j in nibble j; equal to
-// packing e2m1_code. The magnitudes are summed with their 254 offsets,
-// which one subtraction removes (the nibbles never carry).
+// packing e2m1_code of the products. The magnitudes are summed with their
+// 254 offsets, which one subtraction removes (the nibbles never carry).
+// On the device a product's NaN is the canonical positive one, so only the
+// magnitude is clamped and the sign bit is the product's.
 template <int K>
 RTCNORM_QFN unsigned e2m1_codes(const float (&v)[K], float mult) {
   static_assert(K >= 1 && K <= 8, "eight nibbles to a word");
   unsigned sum = 0, offset = 0, b[K];
   for (int j = 0; j < K; ++j) {
+#if defined(__CUDA_ARCH__)
+    const float c = v[j] * mult;
+    const float a = min_num(abs_of(c), 6.f);
+    const unsigned t = bits_of(float_of(bits_of(max_num(a, 1.f)) & 0x7f800000u) + a * 0x1p-22f);
+#else
     const float c = e2m1_clamp(v[j] * mult);
     const unsigned t = e2m1_grid_bits(c);
+#endif
     sum += ((t & 7u) + (t >> 22)) << (4 * j);
     offset += 254u << (4 * j);
     b[j] = bits_of(c);

@@ -93,6 +93,10 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   using Quant = QuantEpilogue<T, N, VEC, TPR, FLAGS>;
   static_assert(Quant::kRecipe == 0 || kCl == 1, "a quantized row is owned by one CTA");
   Quant quant_out(p);
+  // A quantized cached row whose vectors all exist loads a row past the end
+  // as row 0 (xoff is 0 there), so its epilogue runs without branches; the
+  // epilogue stores nothing for it.
+  constexpr bool kLoadAll = Quant::kRecipe != 0 && kCached && kEven;
 
   __shared__ GroupScratch<TPR, kTwoPass ? 1 : ROWS, Red> scratch;
   __shared__ GroupScratch<TPR, kTwoPass ? ROWS : 1, Sum1> scratch1;
@@ -146,12 +150,12 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
         ok[i] = row_ok && (kEven || v < kVecs);
-        if (ok[i]) xv[i] = load_row_vec<T, VEC, kAlloc>(x, xoff + 1LL * v * VEC);
+        if (ok[i] || kLoadAll) xv[i] = load_row_vec<T, VEC, kAlloc>(x, xoff + 1LL * v * VEC);
       }
       if constexpr (kPreload) {
 #pragma unroll
         for (int i = 0; i < NV; ++i)
-          if (ok[i]) affine[i] = load_affine_packs<W, VEC, FLAGS>(p, vbase + c * kChunk + i * TPR + lane);
+          if (ok[i] || kLoadAll) affine[i] = load_affine_packs<W, VEC, FLAGS>(p, vbase + c * kChunk + i * TPR + lane);
       }
       if constexpr (kAffinePf) {
         // Only the chunk whose gamma the normalize pass reads first; later
@@ -261,6 +265,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       row_value = quant::per_token(Quant::kRecipe) ? Quant::token_multiplier(p, row, a, row_ok && lane == 0) : a;
     }
 
+    const typename Quant::Row qrow = Quant::template row_of<kLoadAll>(p, row);
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
@@ -273,10 +278,14 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
           normalized(c, i, v, out);
           store<T, VEC, kCs>(y, yoff + 1LL * v * VEC, from_floats<T, VEC>(out));
         } else {
+          if constexpr (kLoadAll) {
+            normalized(c, i, v, out);
+          } else {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] = 0.f;
-          if (ok) normalized(c, i, v, out);
-          quant_out.template emit<kCs>(p, row, v, lane, ok, out, row_value);
+            for (int j = 0; j < VEC; ++j) out[j] = 0.f;
+            if (ok) normalized(c, i, v, out);
+          }
+          quant_out.template emit<kCs>(p, qrow, v, lane, ok, out, row_value);
         }
       }
     }

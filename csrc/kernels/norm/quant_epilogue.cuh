@@ -77,6 +77,36 @@ __device__ __forceinline__ float e4m3_decode(unsigned c) {
 }
 #endif
 
+// NVFP4's encode multiplier gs / s for each of the 128 non-negative E4M3
+// scale codes (0 for code 0), one table a CTA in shared memory: a block's
+// multiplier is then one load, not an IEEE division.
+__device__ __forceinline__ float* nvfp4_encode_table() {
+  __shared__ float table[128];
+  return table;
+}
+
+// Every thread of the CTA: fills the table for global scale gs.
+__device__ __forceinline__ void nvfp4_fill_encode_table(float gs) {
+  float* table = nvfp4_encode_table();
+  for (unsigned c = threadIdx.x; c < 128u; c += blockDim.x) {
+#if __CUDA_ARCH__ >= 890
+    table[c] = c == 0x7fu ? 0.f : quant::nvfp4_encode_of(e4m3_decode(c), gs);
+#else
+    table[c] = c == 0x7fu ? 0.f : quant::nvfp4_encode(c, gs);
+#endif
+  }
+  __syncthreads();
+}
+
+// The E4M3 scale code of a block of largest magnitude a (>= 0, not NaN).
+__device__ __forceinline__ unsigned nvfp4_block_code(float a, float gs) {
+#if __CUDA_ARCH__ >= 890
+  return e4m3_of(quant::nvfp4_scale_input(a, gs));
+#else
+  return quant::nvfp4_scale_code(a, gs);
+#endif
+}
+
 template <bool E5M2, int VEC>
 __device__ __forceinline__ Pack<unsigned char, VEC> fp8_pack(const float (&f)[VEC], float mult) {
   Pack<unsigned char, VEC> q;
@@ -127,6 +157,7 @@ struct QuantEpilogue {
   __device__ __forceinline__ explicit QuantEpilogue(const P& p) {
     if constexpr (quant::per_tensor(kRecipe) || kRecipe == quant::kNvfp4)
       qscale = p.qscale_ptr != nullptr ? *p.qscale_ptr : p.qscale;
+    if constexpr (kRecipe == quant::kNvfp4) nvfp4_fill_encode_table(qscale);
   }
 
   // The multiplier of a per-token row (and its dequant scale, written by the
@@ -137,27 +168,47 @@ struct QuantEpilogue {
     return amax > 0.f ? kMax / amax : 1.f;
   }
 
-  // The row's part of its scales' offsets: computed outside the writers'
-  // branch, it is shared by every vector of the row.
+  // The row's part of its block scales' offsets.
   __device__ __forceinline__ static long long scale_row(const P& p, long long row) {
     return (FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_row(row, p.scale_cols) : row * p.scale_cols;
   }
 
   // A predicated store: its address stays in the path every lane runs, so
   // the row's part is computed once, not in each vector's branch.
-  __device__ __forceinline__ static void scale_store(const P& p, long long srow, int blk, unsigned code, bool writer) {
+  __device__ __forceinline__ static void scale_store(unsigned char* row_scales, int blk, unsigned code, bool writer) {
     // blk < 2^20: its part fits an int.
-    unsigned char* at = static_cast<unsigned char*>(p.scales) + srow +
-                        ((FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_col(blk) : blk);
+    unsigned char* at = row_scales + ((FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_col(blk) : blk);
     asm volatile("{\n .reg .pred w;\n setp.ne.u32 w, %2, 0;\n @w st.global.u8 [%0], %1;\n}" ::"l"(at),
                  "h"(static_cast<unsigned short>(code)), "r"(static_cast<unsigned>(writer))
                  : "memory");
   }
 
-  // Vector v of row `row` (ok: it exists), its outputs in f. row_value: the
+  // A row's output addresses, taken once a row: its first code byte and the
+  // row's part of its block scales. With PINNED they pass through an opaque
+  // move, so the compiler keeps them in registers instead of rebuilding them
+  // from the row index for each vector: for rows whose every vector exists
+  // (the emits then run without branches); elsewhere the compiler's own
+  // choice was measured faster.
+  struct Row {
+    unsigned char* y;
+    unsigned char* scales;
+  };
+  template <bool PINNED>
+  __device__ __forceinline__ static Row row_of(const P& p, long long row) {
+    constexpr long long kRowBytes = kRecipe == quant::kNvfp4 ? (N + 1) / 2 : N;
+    unsigned char* y = static_cast<unsigned char*>(p.y) + row * kRowBytes;
+    unsigned char* scales = kBlock > 0 ? static_cast<unsigned char*>(p.scales) + scale_row(p, row) : nullptr;
+    if constexpr (PINNED) {
+      asm("mov.b64 %0, %0;" : "+l"(y));
+      asm("mov.b64 %0, %0;" : "+l"(scales));
+    }
+    return {y, scales};
+  }
+
+  // Vector v of row r (ok: it exists), its outputs in f. row_value: the
   // per-token multiplier, or the row's amax for a one-block row.
   template <bool CS>
-  __device__ __forceinline__ void emit(const P& p, long long row, int v, int lane, bool ok, const float (&f)[VEC],
+  __device__ __forceinline__ void emit(const P& p, const Row& r, int v, int lane, bool ok, const float (&f)[VEC],
                                        float row_value) {
     float a = 0.f;
     if (ok) {
@@ -165,10 +216,10 @@ struct QuantEpilogue {
       for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(f[j]));
     }
     if constexpr (kTensorAmax) tensor_amax = fmaxf(tensor_amax, a);
-    unsigned char* y = static_cast<unsigned char*>(p.y);
+    unsigned char* y = r.y;
     if constexpr (quant::per_tensor(kRecipe) || quant::per_token(kRecipe)) {
       const float mult = quant::per_tensor(kRecipe) ? qscale : row_value;
-      if (ok) store<unsigned char, VEC, CS>(y, row * N + 1LL * v * VEC, fp8_pack<quant::e5m2(kRecipe), VEC>(f, mult));
+      if (ok) store<unsigned char, VEC, CS>(y, 1LL * v * VEC, fp8_pack<quant::e5m2(kRecipe), VEC>(f, mult));
       return;
     } else {
       if constexpr (kRowAmax) {
@@ -178,24 +229,16 @@ struct QuantEpilogue {
         for (int m = kLanes / 2; m > 0; m >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, m));
       }
       const int blk = v * VEC / kBlock;
-      const long long srow = scale_row(p, row);
       const bool scale_writer = ok && (kRowAmax ? v == 0 : lane % kLanes == 0);
       if constexpr (kRecipe == quant::kMxfp8) {
         const unsigned code = quant::e8m0_of_amax(a);
-        scale_store(p, srow, blk, code, scale_writer);
-        if (ok)
-          store<unsigned char, VEC, CS>(y, row * N + 1LL * v * VEC, fp8_pack<false, VEC>(f, quant::e8m0_inverse(code)));
+        scale_store(r.scales, blk, code, scale_writer);
+        if (ok) store<unsigned char, VEC, CS>(y, 1LL * v * VEC, fp8_pack<false, VEC>(f, quant::e8m0_inverse(code)));
       } else {
         // a >= 0 is never NaN (fmaxf drops NaN), so neither is the code.
-#if __CUDA_ARCH__ >= 890
-        const unsigned code = e4m3_of(quant::nvfp4_scale_input(a, qscale));
-        const float enc = quant::nvfp4_encode_of(e4m3_decode(code), qscale);
-#else
-        const unsigned code = quant::nvfp4_scale_code(a, qscale);
-        const float enc = quant::nvfp4_encode(code, qscale);
-#endif
-        scale_store(p, srow, blk, code, scale_writer);
-        constexpr long long kRowBytes = (N + 1) / 2;
+        const unsigned code = nvfp4_block_code(a, qscale);
+        const float enc = nvfp4_encode_table()[code];
+        scale_store(r.scales, blk, code, scale_writer);
         if constexpr (VEC % 2 == 0) {
           constexpr int kWord = VEC < 8 ? VEC : 8;  // codes packed per 32-bit word
           Pack<unsigned char, VEC / 2> q;
@@ -208,13 +251,13 @@ struct QuantEpilogue {
 #pragma unroll
             for (int b = 0; b < kWord / 2; ++b) q.e[j0 / 2 + b] = static_cast<unsigned char>(word >> (8 * b));
           }
-          if (ok) store<unsigned char, VEC / 2, CS>(y, row * kRowBytes + v * (VEC / 2), q);
+          if (ok) store<unsigned char, VEC / 2, CS>(y, v * (VEC / 2), q);
         } else {
           // One element a lane: even lanes join their odd neighbour's code
           // (TPR is even or the row is one element).
           const unsigned mine = ok ? quant::e2m1_code(f[0] * enc) : 0u;
           const unsigned next = TPR > 1 ? __shfl_down_sync(0xffffffffu, mine, 1) : 0u;
-          if (ok && v % 2 == 0) y[row * kRowBytes + v / 2] = static_cast<unsigned char>(mine | (next << 4));
+          if (ok && v % 2 == 0) y[v / 2] = static_cast<unsigned char>(mine | (next << 4));
         }
       }
     }
