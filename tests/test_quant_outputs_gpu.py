@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import rtcnorm
 import torch
 from quant_checks import (
     GEMM_CASES,
@@ -22,6 +23,7 @@ from quant_checks import (
     run_op,
 )
 from quant_reference import from_blocked, nan_ignoring_amax, norm_reference
+from rtcnorm import _tuning
 
 pytestmark = [pytest.mark.gpu, needs_op]
 
@@ -49,6 +51,23 @@ def test_gpu_strided_rows_zero_centered_gamma(recipe, out_dtype, layout, norm, n
     assert not x.is_contiguous()
     check_norm_quant(x, (n,), norm=norm, recipe=recipe, out_dtype=out_dtype, layout=layout, residual=r, weight=w,
                      bias=b, zcg=True, eps=1e-6, poison=poison)  # fmt: skip
+
+
+# flat_row carries the epilogue for 16-bit rows of odd width: one row block
+# (1, 3 rows), many blocks with a partial last one, a row shorter than a block.
+@pytest.mark.parametrize(("m", "n"), [(1, 1973), (3, 4097), (517, 1973), (129, 33), (64, 5)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize(("recipe", "out_dtype", "layout"), RECIPES, ids=RECIPE_IDS)
+def test_gpu_flat_rows_forced(recipe, out_dtype, layout, norm, dtype, m, n, poison):
+    x, r, w, b = make_inputs((m, n), (n,), dtype, "cuda", norm)
+    base = "rms_norm" if norm.startswith("rms_norm") else norm
+    with _tuning.norm_override("fwd", "flat_row"):
+        kw = {"quant": recipe, "quant_dtype": out_dtype, "scale_layout": layout}
+        plan = rtcnorm.explain(base, (m, n), dtype, device="cuda", residual=r is not None, **kw)
+        assert plan["design"] == "flat_row", plan["reason"]
+        check_norm_quant(x, (n,), norm=norm, recipe=recipe, out_dtype=out_dtype, layout=layout, residual=r, weight=w,
+                         bias=b, poison=poison)  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])

@@ -83,3 +83,15 @@ def test_explain_refuses_bad_quant_arguments_as_the_op_does():
         rtcnorm.explain("rms_norm", (4, 64), quant="mxfp8", quant_dtype=torch.float8_e5m2)
     with pytest.raises(ValueError, match=r"rtcnorm\.norm_quant: scale_layout 'blocked' is for the block recipes"):
         rtcnorm.explain("layer_norm", (4, 64), quant="per_token", scale_layout="blocked")
+
+
+@pytest.mark.parametrize(("recipe", "qdtype"), list(QUANT_FLAGS))
+@pytest.mark.parametrize(("m", "n"), [(4096, 9999), (38177, 1973)])
+def test_odd_16_bit_rows_quantize_from_flat_rows(recipe, qdtype, m, n):
+    """Many contiguous 16-bit rows of odd width stage as flat rows for a
+    quantized output as for a plain one: the register rows' one-element
+    loads leave too little in flight (docs/designs.md)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        plan = rtcnorm.explain("rms_norm", (m, n), dtype, device="cpu", quant=recipe, quant_dtype=qdtype)
+        assert plan["design"] == "flat_row", plan["reason"]
+        assert rtcnorm.explain("rms_norm", (m, n), dtype, device="cpu")["design"] == "flat_row"

@@ -19,6 +19,9 @@
 // - A ring of kFlatStages stages (common/params.cuh): the copies of the
 //   CTA's next row block are in flight while it works on the current one.
 //   A stage holds one buffer of flat_buffer_elems elements a row tensor.
+// - A quantized forward (kQuantBits) writes its codes and scales straight
+//   from registers through norm/quant_epilogue.cuh; only h goes through the
+//   stage.
 // - The arithmetic is the register-row designs' (norm/fwd_common.cuh,
 //   norm/bwd_common.cuh): the same operations in the same order a row. The
 //   backward's second pass reads x and dy from the stage again (dx as the
@@ -33,6 +36,7 @@
 
 #include "common/grid_dep.cuh"
 #include "norm/bwd_common.cuh"
+#include "norm/quant_epilogue.cuh"
 #include "norm/stats_guard.cuh"
 
 namespace rtcnorm {
@@ -143,8 +147,9 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
   constexpr int kTensors = kRes ? 2 : 1;  // x (h written in its place), residual (y in its place)
   constexpr int kBuf = flat_buffer_elems(ROWS, N, sizeof(T));
   static_assert(N % VEC == 0 && kVecs <= TPR * NV, "a thread holds its vectors of a row");
-  static_assert((FLAGS & (kQuantBits | kClusterBits | kCluster16 | kGridExchange)) == 0,
-                "a flat row block is one CTA's, with its output in the input dtype");
+  static_assert((FLAGS & (kClusterBits | kCluster16 | kGridExchange)) == 0, "a flat row block is one CTA's");
+  using Quant = QuantEpilogue<T, N, VEC, TPR, FLAGS>;
+  Quant quant_out(p);
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
   extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
@@ -199,22 +204,55 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
         if (KIND == kLayerNorm && p.mean != nullptr) p.mean[row] = mean;
       }
     }
-    PT* const ys = kRes ? rs : xs;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (!ok[i]) continue;
-      float out[VEC];
+    const auto output = [&](int i, float(&out)[VEC]) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) out[j] = fmaf((elem_float(xv[i], j) - mean) * rstd, kg[i][j], kb[i][j]);
-      ys[i * TPR + lane] = from_floats<T, VEC>(out);
+    };
+    if constexpr (Quant::kRecipe == 0) {
+      PT* const ys = kRes ? rs : xs;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (!ok[i]) continue;
+        float out[VEC];
+        output(i, out);
+        ys[i * TPR + lane] = from_floats<T, VEC>(out);
+      }
+    } else {
+      float row_value = 0.f;  // the row's amax or per-token multiplier
+      if constexpr (Quant::kRowAmax) {
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          if (!ok[i]) continue;
+          float out[VEC];
+          output(i, out);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
+        }
+        __shared__ GroupScratch<TPR, ROWS, Max1> qscratch;
+        a = group_allreduce<TPR, ROWS>(Max1{a}, qscratch).a;
+        row_value = quant::per_token(Quant::kRecipe) ? Quant::token_multiplier(p, row, a, row_ok && lane == 0) : a;
+      }
+      const typename Quant::Row qrow = Quant::template row_of<false>(p, row);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float out[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = 0.f;
+        if (ok[i]) output(i, out);
+        quant_out.template emit<kCs>(p, qrow, i * TPR + lane, lane, ok[i], out, row_value);
+      }
     }
-    __syncthreads();  // the block's outputs are whole in the stage
-    flat_flush<T, kCs>(static_cast<T*>(p.y), kRes ? rbuf : xbuf, b);
-    if constexpr (kRes) flat_flush<T, kCs>(static_cast<T*>(p.h), xbuf, b);
+    if constexpr (Quant::kRecipe == 0 || kRes) {
+      __syncthreads();  // the block's outputs are whole in the stage
+      if constexpr (Quant::kRecipe == 0) flat_flush<T, kCs>(static_cast<T*>(p.y), kRes ? rbuf : xbuf, b);
+      if constexpr (kRes) flat_flush<T, kCs>(static_cast<T*>(p.h), xbuf, b);
+    }
   };
   const auto nothing_early = [](long long) { return 0; };
   const T* const src[2] = {x, res};
   flat_ring<T, kTensors, kBuf>(stages, src, p.row_blocks, ROWS, p.rows, N, nothing_early, block);
+  if constexpr (Quant::kRecipe != 0) quant_out.finish(p);
 }
 
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>

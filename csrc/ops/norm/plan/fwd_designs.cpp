@@ -98,13 +98,14 @@ void chunked_row(const NormProblem& p, NormMode mode, const Gpu& gpu, bool in_sm
 }
 
 // flat_row: a thread holds up to 32 elements, a register each (4 bytes) with its gamma / beta, LayerNorm's centred
-// value and the residual's operand and sum.
+// value and the residual's operand and sum; a quantized epilogue adds register_rows' share.
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
-  if (!flat_worth(p, true) || p.quant != 0 || !mode_allows(mode, true, true)) return;
+  if (!flat_worth(p, true) || !mode_allows(mode, true, true)) return;
   const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0), v = p.vec();
   each_layout(p, 1, {2 / v, 4 / v, 8 / v, 16 / v, 32 / v}, [&](const Layout& l, int nv) {
-    add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, nv, 40 + l.nv * v * per_elem,
-             p.residual ? 2 : 1, 0, p.fwd_flags() | (memory_flags(p) & kStreamStore), gpu);
+    const int regs = 40 + l.nv * v * per_elem + (p.quant != 0 ? 8 + (v == 1 ? l.nv : 0) : 0);
+    add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, nv, regs, p.residual ? 2 : 1, 0,
+             p.fwd_flags() | (memory_flags(p) & kStreamStore), gpu);
   });
 }
 
@@ -120,8 +121,7 @@ void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::ve
   if (!p.residual && p.quant == 0 && (every || !held || p.rows < gpu.sm_count)) sliced_rows(p, mode, gpu, out);
   for (bool persistent : {false, true}) chunked_row(p, mode, gpu, false, kChunkVecs, 256, persistent, out);
   flat_rows(p, mode, gpu, out);
-  // A quantized output needs a block scale's vectors on adjacent lanes of one row group, unless a row is one block
-  // (docs/designs.md), and a row in one CTA (no slices are planned for it).
+  // A quantized output: a block scale's vectors on adjacent lanes of one row group, unless a row is one block.
   const int block = p.quant != 0 ? quant::block_of(p.recipe()) : 0;
   const auto splits_block = [&](const Candidate& c) { return c.key.threads_per_row < block / c.key.vec; };
   if (block > 0 && p.hidden > block) out.erase(std::remove_if(out.begin(), out.end(), splits_block), out.end());
