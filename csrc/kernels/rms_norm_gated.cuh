@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
       a = group_allreduce<RT, ROWS>(Max1{a}, qscratch).a;
       row_value = Quant::token_multiplier(p, row, a, row_ok && seg == 0 && lane == 0);
     }
-    const typename Quant::Row qrow = Quant::template row_of<kEven>(p, row);
+    const auto qrow = Quant::template row_of<(kEven ? Quant::kPinned : Quant::kPointer)>(p, row);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * kTpr + lane;

@@ -233,7 +233,7 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
         a = group_allreduce<TPR, ROWS>(Max1{a}, qscratch).a;
         row_value = quant::per_token(Quant::kRecipe) ? Quant::token_multiplier(p, row, a, row_ok && lane == 0) : a;
       }
-      const typename Quant::Row qrow = Quant::template row_of<false>(p, row);
+      const auto qrow = Quant::template row_of<Quant::kPointer>(p, row);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         float out[VEC];

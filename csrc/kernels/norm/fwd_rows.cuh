@@ -265,7 +265,10 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       row_value = quant::per_token(Quant::kRecipe) ? Quant::token_multiplier(p, row, a, row_ok && lane == 0) : a;
     }
 
-    const typename Quant::Row qrow = Quant::template row_of<kLoadAll>(p, row);
+    constexpr auto kRowForm = kLoadAll                          ? Quant::kPinned
+                              : Quant::kRecipe == quant::kNvfp4 ? Quant::kPointer
+                                                                : Quant::kOffset;
+    const auto qrow = Quant::template row_of<kRowForm>(p, row);
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
 #pragma unroll

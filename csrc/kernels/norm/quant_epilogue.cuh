@@ -175,40 +175,51 @@ struct QuantEpilogue {
 
   // A predicated store: its address stays in the path every lane runs, so
   // the row's part is computed once, not in each vector's branch.
-  __device__ __forceinline__ static void scale_store(unsigned char* row_scales, int blk, unsigned code, bool writer) {
+  __device__ __forceinline__ static void scale_store(unsigned char* scales, long long soff, int blk, unsigned code,
+                                                     bool writer) {
     // blk < 2^20: its part fits an int.
-    unsigned char* at = row_scales + ((FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_col(blk) : blk);
+    unsigned char* at = scales + soff + ((FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_col(blk) : blk);
     asm volatile("{\n .reg .pred w;\n setp.ne.u32 w, %2, 0;\n @w st.global.u8 [%0], %1;\n}" ::"l"(at),
                  "h"(static_cast<unsigned short>(code)), "r"(static_cast<unsigned>(writer))
                  : "memory");
   }
 
-  // A row's output addresses, taken once a row: its first code byte and the
-  // row's part of its block scales. With PINNED they pass through an opaque
-  // move, so the compiler keeps them in registers instead of rebuilding them
-  // from the row index for each vector: for rows whose every vector exists
-  // (the emits then run without branches); elsewhere the compiler's own
-  // choice was measured faster.
+  // Where a row's outputs go. How the addresses are formed changes the
+  // schedule ptxas builds, and each form is kept where it was measured best:
+  // - kPinned: the row's own pointers, passed through an opaque move so the
+  //   compiler keeps them in registers instead of rebuilding them from the
+  //   row index for each vector (rows whose every vector exists: the emits
+  //   then run without branches);
+  // - kPointer: the row's own pointers (flat rows, gated rows, NVFP4
+  //   register rows with partial vectors);
+  // - kOffset: the row index, each vector's offsets formed in place (FP8
+  //   register rows with partial vectors: with the pointer forms, one-element
+  //   MXFP8 rows ran about 20% slower).
+  enum RowForm { kPinned, kPointer, kOffset };
+  template <RowForm FORM>
   struct Row {
-    unsigned char* y;
-    unsigned char* scales;
+    unsigned char* y;       // the row's first code byte (kOffset: the tensor's)
+    unsigned char* scales;  // the row's part of its block scales (kOffset: the tensor's)
+    long long row;
   };
-  template <bool PINNED>
-  __device__ __forceinline__ static Row row_of(const P& p, long long row) {
+  template <RowForm FORM>
+  __device__ __forceinline__ static Row<FORM> row_of(const P& p, long long row) {
     constexpr long long kRowBytes = kRecipe == quant::kNvfp4 ? (N + 1) / 2 : N;
-    unsigned char* y = static_cast<unsigned char*>(p.y) + row * kRowBytes;
-    unsigned char* scales = kBlock > 0 ? static_cast<unsigned char*>(p.scales) + scale_row(p, row) : nullptr;
-    if constexpr (PINNED) {
-      asm("mov.b64 %0, %0;" : "+l"(y));
-      asm("mov.b64 %0, %0;" : "+l"(scales));
+    unsigned char* const y = static_cast<unsigned char*>(p.y);
+    unsigned char* const scales = static_cast<unsigned char*>(p.scales);
+    if constexpr (FORM == kOffset) return {y, scales, row};
+    Row<FORM> r{y + row * kRowBytes, kBlock > 0 ? scales + scale_row(p, row) : nullptr, row};
+    if constexpr (FORM == kPinned) {
+      asm("mov.b64 %0, %0;" : "+l"(r.y));
+      asm("mov.b64 %0, %0;" : "+l"(r.scales));
     }
-    return {y, scales};
+    return r;
   }
 
   // Vector v of row r (ok: it exists), its outputs in f. row_value: the
   // per-token multiplier, or the row's amax for a one-block row.
-  template <bool CS>
-  __device__ __forceinline__ void emit(const P& p, const Row& r, int v, int lane, bool ok, const float (&f)[VEC],
+  template <bool CS, RowForm FORM>
+  __device__ __forceinline__ void emit(const P& p, const Row<FORM>& r, int v, int lane, bool ok, const float (&f)[VEC],
                                        float row_value) {
     float a = 0.f;
     if (ok) {
@@ -216,10 +227,12 @@ struct QuantEpilogue {
       for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(f[j]));
     }
     if constexpr (kTensorAmax) tensor_amax = fmaxf(tensor_amax, a);
+    constexpr long long kRowBytes = kRecipe == quant::kNvfp4 ? (N + 1) / 2 : N;
     unsigned char* y = r.y;
+    const long long yoff = FORM == kOffset ? r.row * kRowBytes : 0;
     if constexpr (quant::per_tensor(kRecipe) || quant::per_token(kRecipe)) {
       const float mult = quant::per_tensor(kRecipe) ? qscale : row_value;
-      if (ok) store<unsigned char, VEC, CS>(y, 1LL * v * VEC, fp8_pack<quant::e5m2(kRecipe), VEC>(f, mult));
+      if (ok) store<unsigned char, VEC, CS>(y, yoff + 1LL * v * VEC, fp8_pack<quant::e5m2(kRecipe), VEC>(f, mult));
       return;
     } else {
       if constexpr (kRowAmax) {
@@ -229,16 +242,18 @@ struct QuantEpilogue {
         for (int m = kLanes / 2; m > 0; m >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, m));
       }
       const int blk = v * VEC / kBlock;
+      const long long soff = FORM == kOffset ? scale_row(p, r.row) : 0;
       const bool scale_writer = ok && (kRowAmax ? v == 0 : lane % kLanes == 0);
       if constexpr (kRecipe == quant::kMxfp8) {
         const unsigned code = quant::e8m0_of_amax(a);
-        scale_store(r.scales, blk, code, scale_writer);
-        if (ok) store<unsigned char, VEC, CS>(y, 1LL * v * VEC, fp8_pack<false, VEC>(f, quant::e8m0_inverse(code)));
+        scale_store(r.scales, soff, blk, code, scale_writer);
+        if (ok)
+          store<unsigned char, VEC, CS>(y, yoff + 1LL * v * VEC, fp8_pack<false, VEC>(f, quant::e8m0_inverse(code)));
       } else {
         // a >= 0 is never NaN (fmaxf drops NaN), so neither is the code.
         const unsigned code = nvfp4_block_code(a, qscale);
         const float enc = nvfp4_encode_table()[code];
-        scale_store(r.scales, blk, code, scale_writer);
+        scale_store(r.scales, soff, blk, code, scale_writer);
         if constexpr (VEC % 2 == 0) {
           constexpr int kWord = VEC < 8 ? VEC : 8;  // codes packed per 32-bit word
           Pack<unsigned char, VEC / 2> q;
@@ -251,13 +266,13 @@ struct QuantEpilogue {
 #pragma unroll
             for (int b = 0; b < kWord / 2; ++b) q.e[j0 / 2 + b] = static_cast<unsigned char>(word >> (8 * b));
           }
-          if (ok) store<unsigned char, VEC / 2, CS>(y, v * (VEC / 2), q);
+          if (ok) store<unsigned char, VEC / 2, CS>(y, yoff + v * (VEC / 2), q);
         } else {
           // One element a lane: even lanes join their odd neighbour's code
           // (TPR is even or the row is one element).
           const unsigned mine = ok ? quant::e2m1_code(f[0] * enc) : 0u;
           const unsigned next = TPR > 1 ? __shfl_down_sync(0xffffffffu, mine, 1) : 0u;
-          if (ok && v % 2 == 0) y[v / 2] = static_cast<unsigned char>(mine | (next << 4));
+          if (ok && v % 2 == 0) y[yoff + v / 2] = static_cast<unsigned char>(mine | (next << 4));
         }
       }
     }
