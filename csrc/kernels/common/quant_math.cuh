@@ -190,8 +190,7 @@ RTCNORM_QFN unsigned e2m1_codes(const float (&v)[K], float mult) {
   for (int j = 0; j < K; ++j) {
 #if defined(__CUDA_ARCH__)
     const float c = v[j] * mult;
-    const float a = min_num(abs_of(c), 6.f);
-    const unsigned t = bits_of(float_of(bits_of(max_num(a, 1.f)) & 0x7f800000u) + a * 0x1p-22f);
+    const unsigned t = e2m1_grid_bits(min_num(abs_of(c), 6.f));
 #else
     const float c = e2m1_clamp(v[j] * mult);
     const unsigned t = e2m1_grid_bits(c);

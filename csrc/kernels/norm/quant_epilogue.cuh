@@ -147,6 +147,7 @@ struct QuantEpilogue {
   // whose lanes do not cover it.
   static constexpr bool kRowAmax = quant::per_token(kRecipe) || (kBlock > 0 && TPR < kLanes);
   static constexpr bool kTensorAmax = quant::tensor_amax(kRecipe);
+  static constexpr long long kRowBytes = kRecipe == quant::kNvfp4 ? (N + 1) / 2 : N;  // a row's codes
   static_assert(kBlock == 0 || TPR >= kLanes || N <= kBlock, "a block's lanes must sit in one row group");
   static_assert(kBlock == 0 || kBlock % VEC == 0, "a vector never straddles two blocks");
   static_assert(kLanes <= 32, "a block's lanes meet in one warp");
@@ -204,7 +205,6 @@ struct QuantEpilogue {
   };
   template <RowForm FORM>
   __device__ __forceinline__ static Row<FORM> row_of(const P& p, long long row) {
-    constexpr long long kRowBytes = kRecipe == quant::kNvfp4 ? (N + 1) / 2 : N;
     unsigned char* const y = static_cast<unsigned char*>(p.y);
     unsigned char* const scales = static_cast<unsigned char*>(p.scales);
     if constexpr (FORM == kOffset) return {y, scales, row};
@@ -227,7 +227,6 @@ struct QuantEpilogue {
       for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(f[j]));
     }
     if constexpr (kTensorAmax) tensor_amax = fmaxf(tensor_amax, a);
-    constexpr long long kRowBytes = kRecipe == quant::kNvfp4 ? (N + 1) / 2 : N;
     unsigned char* y = r.y;
     const long long yoff = FORM == kOffset ? r.row * kRowBytes : 0;
     if constexpr (quant::per_tensor(kRecipe) || quant::per_token(kRecipe)) {
