@@ -250,6 +250,24 @@ def test_plans_fall_back_only_past_the_register_rows():
     assert odd["forward"]["vec"] == 1 and odd["backward"]["vecs_per_thread"] == 9
 
 
+@pytest.mark.parametrize(
+    "n, g, phase, block, vecs",
+    [
+        # The forward gives a thread at most two 16-byte vectors of a segment.
+        (8192, 8192, "forward", 512, 2),
+        (8192, 1024, "forward", 512, 2),
+        (2048, 2048, "forward", 128, 2),
+        (1024, 1024, "forward", 128, 2),  # two row slots of 64 threads
+        # The backward keeps four (of x, z and dy each) at 256 threads.
+        (8192, 8192, "backward", 256, 4),
+        (8192, 1024, "backward", 256, 4),
+    ],
+)
+def test_launch_shapes(n, g, phase, block, vecs):
+    plan = _C._gated_plan("bfloat16", "bfloat16", n, g, True, True, False, 90)[phase]
+    assert (plan["block"], plan["vec"], plan["vecs_per_thread"]) == (block, 8, vecs), plan
+
+
 def test_plan_compile_fills_the_cache():
     rtcnorm.jit.reset_stats()
     _C._gated_plan("float16", "float32", 96, 32, True, False, True, 80, compile=True)

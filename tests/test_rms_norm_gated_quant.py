@@ -286,6 +286,12 @@ def gated_plan(dtype, n, g, recipe, out_dtype, layout, arch=90, resources=False)
                           quant=quant_flags(recipe, out_dtype, layout))["forward"]  # fmt: skip
 
 
+@pytest.mark.parametrize("recipe, out_dtype, layout", [("per_token", E4M3, "plain"), ("nvfp4", FP4, "blocked")])
+def test_quantized_forward_takes_the_plain_launch_shape(recipe, out_dtype, layout):
+    plan = gated_plan("bfloat16", 8192, 8192, recipe, out_dtype, layout)
+    assert (plan["block"], plan["vecs_per_thread"]) == (512, 2), plan
+
+
 def test_plans_carry_or_refuse_a_recipe():
     assert gated_plan("bfloat16", 96, 32, "mxfp8", E4M3, "plain") is not None
     assert gated_plan("bfloat16", 50, 25, "mxfp8", E4M3, "plain") is None  # a block straddles two groups

@@ -46,21 +46,6 @@ __device__ __forceinline__ float gate_act(float z, float& dact) {
   }
 }
 
-// The value whose squares are summed (h) and the gate factor applied after
-// normalizing (act(z) where the norm comes first, else 1).
-template <unsigned FLAGS>
-__device__ __forceinline__ float gated_h(float x, float z, float& post) {
-  float dact;
-  const float a = gate_act<FLAGS>(z, dact);
-  if constexpr ((FLAGS & kGatedNormFirst) != 0) {
-    post = a;
-    return x;
-  } else {
-    post = 1.f;
-    return x * a;
-  }
-}
-
 // gamma of the VEC elements from column `col` as floats; 1 without a weight.
 template <typename W, int VEC, unsigned FLAGS>
 __device__ __forceinline__ void gated_weight(const void* weight, long long col, float (&w)[VEC]) {
@@ -112,19 +97,31 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
     const bool row_ok = row < p.rows;
     const long long xoff = row_ok ? row * p.x_stride + col0 : 0;
     const long long zoff = row_ok ? row * p.z_stride + col0 : 0;
-    PT xv[NV];
-    float h[NV][VEC], post[NV][VEC];
+    // Every load is issued before any act(z), so a thread's loads are all in
+    // flight at once. Norm first keeps x and z packed across the reduction
+    // and takes act(z) after it: the fewest live registers. Gate first keeps
+    // h = x * act(z), which the sums need.
+    PT xv[NV], zv[NV];
+    float h[kFirst ? 1 : NV][VEC];
     Sum1 s = {0.f};
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * kTpr + lane;
       if (!row_ok || !(kEven || v < kSv)) continue;
       xv[i] = load_nc<T, VEC>(x, xoff + 1LL * v * VEC);
-      const PT zv = load_nc<T, VEC>(z, zoff + 1LL * v * VEC);
+      zv[i] = load_nc<T, VEC>(z, zoff + 1LL * v * VEC);
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = i * kTpr + lane;
+      if (!row_ok || !(kEven || v < kSv)) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        h[i][j] = gated_h<FLAGS>(elem_float(xv[i], j), elem_float(zv, j), post[i][j]);
-        s.a = fmaf(h[i][j], h[i][j], s.a);
+        float dact;
+        const float xf = elem_float(xv[i], j);
+        const float hf = kFirst ? xf : xf * gate_act<FLAGS>(elem_float(zv[i], j), dact);
+        if constexpr (!kFirst) h[i][j] = hf;
+        s.a = fmaf(hf, hf, s.a);
       }
     }
     s = group_allreduce<kTpr, ROWS * kS>(s, scratch);
@@ -136,8 +133,12 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
       gated_weight<W, VEC, FLAGS>(p.weight, col0 + 1LL * v * VEC, w);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float n = (kFirst ? elem_float(xv[i], j) : h[i][j]) * rstd;
-        out[j] = kFirst ? n * w[j] * post[i][j] : n * w[j];
+        if constexpr (kFirst) {
+          float dact;
+          out[j] = elem_float(xv[i], j) * rstd * w[j] * gate_act<FLAGS>(elem_float(zv[i], j), dact);
+        } else {
+          out[j] = h[i][j] * rstd * w[j];
+        }
       }
     };
     float row_value = 0.f;  // per-token: the row's multiplier

@@ -47,8 +47,11 @@ constexpr int kMaxThreads = 512;
 // half that for float32 ones: the forward keeps x (or h) and the gate
 // factor, the backward x, z, dy and its dW sums, within 128 registers.
 constexpr int kFwdMaxElems = 64, kBwdMaxElems = 32;
-// Vectors a thread takes before a segment gets more threads.
-constexpr int kTargetVecs = 4;
+// Vectors a thread takes before a segment gets more threads. The forward's
+// two make 16-bit rows CTAs of up to 512 threads at about 40 registers,
+// three of them an SM: more warps to cover each row's reduction and act(z)
+// than four vectors at 256 threads (H200, docs/history.md entry 92).
+constexpr int kFwdTargetVecs = 2, kBwdTargetVecs = 4;
 // Threads a CTA has at least (whole warps, row slots added to reach them).
 constexpr int kMinThreads = 128;
 // The backward's row slots sum their dW through ROWS x N floats of static
@@ -91,10 +94,10 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   const unsigned recipe = (qflags & kQuantBits) >> kQuantShift;
   const int block = quant::block_of(recipe);
   if (block > 0 && s > 1 && p.group % block != 0) return std::nullopt;
-  // Block recipes take half the vectors a thread: with four 8-wide vectors
-  // (RT 128) sm_80's software conversions spilled a few bytes.
+  // Block recipes keep at most two vectors a thread too: with four 8-wide
+  // vectors (RT 128) sm_80's software conversions spilled a few bytes.
   const int64_t min_tpr = block > 0 ? block / vec : 1;
-  const int64_t target = block > 0 ? kTargetVecs / 2 : kTargetVecs;
+  const int64_t target = backward ? kBwdTargetVecs : kFwdTargetVecs;
   int64_t tpr = 1;
   while ((tpr < min_tpr || ceil_div(sv, tpr) > target) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
   if (tpr < min_tpr) return std::nullopt;
