@@ -44,8 +44,8 @@ const jit::KernelFamily kGatedBwd{"rms_norm_gated_bwd", "rms_norm_gated.cuh",
 // Threads a CTA may have: the launch bounds then leave 128 registers a thread.
 constexpr int kMaxThreads = 512;
 // Elements a thread keeps of a segment (NV * VEC), for 16-bit rows and
-// half that for float32 ones: the forward keeps x (or h) and the gate
-// factor, the backward x, z, dy and its dW sums, within 128 registers.
+// half that for float32 ones: the forward keeps x and z packed (or h), the
+// backward x, z, dy and its dW sums, within 128 registers.
 constexpr int kFwdMaxElems = 64, kBwdMaxElems = 32;
 // Vectors a thread takes before a segment gets more threads. The forward's
 // two make 16-bit rows CTAs of up to 512 threads at about 40 registers,
