@@ -127,6 +127,10 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
     s = group_allreduce<kTpr, ROWS * kS>(s, scratch);
     const float rstd = rsqrtf(s.a * kInvG + p.eps);
     if (row_ok && lane == 0) p.rstd[row * kS + seg] = rstd;
+    // A per-token row takes its outputs twice (its amax, then its codes):
+    // norm first, the first pass keeps act(z) for the second.
+    constexpr bool kKeepAct = kFirst && Quant::kRowAmax;
+    float post[kKeepAct ? NV : 1][VEC];
     // Vector i's outputs in fp32.
     auto output = [&](int i, int v, float(&out)[VEC]) {
       float w[VEC];
@@ -135,7 +139,10 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
       for (int j = 0; j < VEC; ++j) {
         if constexpr (kFirst) {
           float dact;
-          out[j] = elem_float(xv[i], j) * rstd * w[j] * gate_act<FLAGS>(elem_float(zv[i], j), dact);
+          if constexpr (kKeepAct)
+            out[j] = elem_float(xv[i], j) * rstd * w[j] * post[i][j];
+          else
+            out[j] = elem_float(xv[i], j) * rstd * w[j] * gate_act<FLAGS>(elem_float(zv[i], j), dact);
         } else {
           out[j] = h[i][j] * rstd * w[j];
         }
@@ -148,6 +155,13 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
       for (int i = 0; i < NV; ++i) {
         const int v = i * kTpr + lane;
         if (!row_ok || !(kEven || v < kSv)) continue;
+        if constexpr (kKeepAct) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            float dact;
+            post[i][j] = gate_act<FLAGS>(elem_float(zv[i], j), dact);
+          }
+        }
         float out[VEC];
         output(i, v, out);
 #pragma unroll
