@@ -167,9 +167,7 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
 #pragma unroll
         for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
       }
-      __shared__ GroupScratch<RT, ROWS, Max1> qscratch;
-      a = group_allreduce<RT, ROWS>(Max1{a}, qscratch).a;
-      row_value = Quant::token_multiplier(p, row, a, row_ok && seg == 0 && lane == 0);
+      row_value = Quant::template row_value_of<RT, ROWS>(p, row, a, row_ok && seg == 0 && lane == 0);
     }
     const auto qrow = Quant::template row_of<(kEven ? Quant::kPinned : Quant::kPointer)>(p, row);
 #pragma unroll

@@ -229,9 +229,7 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
         }
-        __shared__ GroupScratch<TPR, ROWS, Max1> qscratch;
-        a = group_allreduce<TPR, ROWS>(Max1{a}, qscratch).a;
-        row_value = quant::per_token(Quant::kRecipe) ? Quant::token_multiplier(p, row, a, row_ok && lane == 0) : a;
+        row_value = Quant::template row_value_of<TPR, ROWS>(p, row, a, row_ok && lane == 0);
       }
       const auto qrow = Quant::template row_of<Quant::kPointer>(p, row);
 #pragma unroll

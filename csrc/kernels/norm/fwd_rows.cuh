@@ -260,9 +260,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
           for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
         }
       }
-      __shared__ GroupScratch<TPR, ROWS, Max1> qscratch;
-      a = group_allreduce<TPR, ROWS>(Max1{a}, qscratch).a;
-      row_value = quant::per_token(Quant::kRecipe) ? Quant::token_multiplier(p, row, a, row_ok && lane == 0) : a;
+      row_value = Quant::template row_value_of<TPR, ROWS>(p, row, a, row_ok && lane == 0);
     }
 
     constexpr auto kRowForm = kLoadAll                          ? Quant::kPinned

@@ -169,6 +169,16 @@ struct QuantEpilogue {
     return amax > 0.f ? kMax / amax : 1.f;
   }
 
+  // From each thread's part `a` of a row's amax, the row of GROUP threads in
+  // a CTA of ROWS rows: a per-token row's multiplier (token_multiplier), or
+  // a one-block row's amax.
+  template <int GROUP, int ROWS>
+  __device__ __forceinline__ static float row_value_of(const P& p, long long row, float a, bool writer) {
+    __shared__ GroupScratch<GROUP, ROWS, Max1> qscratch;
+    a = group_allreduce<GROUP, ROWS>(Max1{a}, qscratch).a;
+    return quant::per_token(kRecipe) ? token_multiplier(p, row, a, writer) : a;
+  }
+
   // The row's part of its block scales' offsets.
   __device__ __forceinline__ static long long scale_row(const P& p, long long row) {
     return (FLAGS & kBlockedScales) != 0 ? quant::blocked_scale_row(row, p.scale_cols) : row * p.scale_cols;
