@@ -269,6 +269,20 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     const auto qrow = Quant::template row_of<kRowForm>(p, row);
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
+      if constexpr (Quant::kLaneSplit) {  // one element a slot: the chunk's outputs, then its codes
+        bool oks[NV];
+        float outs[NV];
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int v = c * kChunk + i * TPR + lane;
+          oks[i] = row_ok && (kEven || v < kVecs);
+          float out[1] = {0.f};
+          if (kLoadAll || oks[i]) normalized(c, i, v, out);
+          outs[i] = out[0];
+        }
+        quant_out.template emit_slots<kCs>(p, qrow, c * kChunk + lane, lane, oks, outs);
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;

@@ -111,7 +111,10 @@ template <bool E5M2, int VEC>
 __device__ __forceinline__ Pack<unsigned char, VEC> fp8_pack(const float (&f)[VEC], float mult) {
   Pack<unsigned char, VEC> q;
 #if __CUDA_ARCH__ >= 890
-  if constexpr (VEC % 4 == 0) {  // whole 32-bit words of codes
+  if constexpr (VEC == 1) {
+    q.e[0] = static_cast<unsigned char>(fp8x2<E5M2>(f[0] * mult, 0.f) & 0xffu);
+    return q;
+  } else if constexpr (VEC % 4 == 0) {  // whole 32-bit words of codes
     union {
       unsigned w[VEC / 4];
       Pack<unsigned char, VEC> pack;
@@ -277,12 +280,81 @@ struct QuantEpilogue {
           }
           if (ok) store<unsigned char, VEC / 2, CS>(y, yoff + v * (VEC / 2), q);
         } else {
-          // One element a lane: even lanes join their odd neighbour's code
-          // (TPR is even or the row is one element).
-          const unsigned mine = ok ? quant::e2m1_code(f[0] * enc) : 0u;
-          const unsigned next = TPR > 1 ? __shfl_down_sync(0xffffffffu, mine, 1) : 0u;
-          if (ok && v % 2 == 0) y[yoff + v / 2] = static_cast<unsigned char>(mine | (next << 4));
+          scalar_code<CS>(y + yoff, v, ok, f[0], enc);
         }
+      }
+    }
+  }
+
+  // The code of element v (VEC == 1, ok: it exists) of a block recipe under
+  // the block's multiplier, y the row's first code byte: its FP8 byte, or
+  // its E2M1 nibble, even lanes joining their odd neighbour's (TPR is even
+  // or the row is one element). Every lane of a group calls it for every slot.
+  template <bool CS>
+  __device__ __forceinline__ static void scalar_code(unsigned char* y, int v, bool ok, float f, float mult) {
+    if constexpr (kRecipe == quant::kMxfp8) {
+      const float one[1] = {f};
+      if (ok) store<unsigned char, 1, CS>(y, v, fp8_pack<false, 1>(one, mult));
+    } else {
+      const unsigned mine = ok ? quant::e2m1_code(f * mult) : 0u;
+      const unsigned next = TPR > 1 ? __shfl_down_sync(0xffffffffu, mine, 1) : 0u;
+      if (ok && v % 2 == 0) y[v / 2] = static_cast<unsigned char>(mine | (next << 4));
+    }
+  }
+
+  // One element a lane (VEC == 1) with block scales: a block's kLanes
+  // elements lie on kLanes lanes, one a slot. Rather than every lane
+  // reducing and scaling every slot's block, the lanes of a block split a
+  // group of kLanes slots: a butterfly leaves lane k the block amax of slot
+  // k of the group, it alone works out that block's scale and stores it, and
+  // the multipliers come back by shuffles. Slot s is vector v0 + s * TPR
+  // (v0: this lane's first); ok[s]: it exists. Every lane of a group calls
+  // it with the same slots.
+  static constexpr bool kLaneSplit = VEC == 1 && kBlock > 0 && !kRowAmax && kLanes > 1;
+
+  template <bool CS, int NV, RowForm FORM>
+  __device__ __forceinline__ void emit_slots(const P& p, const Row<FORM>& r, int v0, int lane, const bool (&ok)[NV],
+                                             const float (&f)[NV]) {
+    static_assert(kLaneSplit, "slots split their blocks' scales over the block's lanes");
+    constexpr int L = kLanes;
+    const int k = lane % L;
+    unsigned char* const y = r.y + (FORM == kOffset ? r.row * kRowBytes : 0);
+    const long long soff = FORM == kOffset ? scale_row(p, r.row) : 0;
+#pragma unroll
+    for (int g = 0; g < NV; g += L) {
+      float a[L];
+#pragma unroll
+      for (int j = 0; j < L; ++j) {
+        // -1: absent on this lane. fmaxf(0, NaN) drops NaN, as emit() does.
+        a[j] = g + j < NV && ok[g + j] ? fmaxf(0.f, fabsf(f[g + j])) : -1.f;
+        if constexpr (kTensorAmax) tensor_amax = fmaxf(tensor_amax, a[j]);
+      }
+#pragma unroll
+      for (int m = L / 2; m > 0; m >>= 1) {  // a[0, 2m) -> a[0, m): the half lane bit m picks
+        const bool up = (lane & m) != 0;
+#pragma unroll
+        for (int j = 0; j < m; ++j) {
+          const float keep = up ? a[j + m] : a[j], send = up ? a[j] : a[j + m];
+          a[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, m));
+        }
+      }
+      // a[0]: the block amax of slot g + k; negative where no element of it exists.
+      const float amax = fmaxf(a[0], 0.f);
+      unsigned code;
+      float mult;
+      if constexpr (kRecipe == quant::kMxfp8) {
+        code = quant::e8m0_of_amax(amax);
+        mult = quant::e8m0_inverse(code);
+      } else {
+        code = nvfp4_block_code(amax, qscale);
+        mult = nvfp4_encode_table()[code];
+      }
+      scale_store(r.scales, soff, (v0 - k + (g + k) * TPR) / kBlock, code, a[0] >= 0.f);
+#pragma unroll
+      for (int j = 0; j < L; ++j) {
+        if (g + j >= NV) break;
+        const float mj = __shfl_sync(0xffffffffu, mult, j, L);
+        scalar_code<CS>(y, v0 + (g + j) * TPR, ok[g + j], f[g + j], mj);
       }
     }
   }
