@@ -172,16 +172,13 @@ __global__ void __launch_bounds__(RT* ROWS) rms_norm_gated_fwd(const GatedFwdPar
     const auto qrow = Quant::template row_of<(kEven ? Quant::kPinned : Quant::kPointer)>(p, row);
     if constexpr (Quant::kLaneSplit) {  // one element a slot: the outputs, then their codes
       bool oks[NV];
-      float outs[NV];
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = i * kTpr + lane;
-        oks[i] = row_ok && (kEven || v < kSv);
-        float out[1] = {0.f};
-        if (oks[i]) output(i, v, out);
-        outs[i] = out[0];
-      }
-      quant_out.template emit_slots<false>(p, qrow, seg * kSv + lane, lane, oks, outs);
+      for (int i = 0; i < NV; ++i) oks[i] = row_ok && (kEven || i * kTpr + lane < kSv);
+      quant_out.template emit_slots<false>(p, qrow, seg * kSv + lane, lane, oks, [&](int i) {
+        float out[1];
+        output(i, i * kTpr + lane, out);
+        return out[0];
+      });
       continue;
     }
 #pragma unroll

@@ -232,22 +232,21 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
         row_value = Quant::template row_value_of<TPR, ROWS>(p, row, a, row_ok && lane == 0);
       }
       const auto qrow = Quant::template row_of<Quant::kPointer>(p, row);
-      float outs[NV][VEC];
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) outs[i][j] = 0.f;
-        if (ok[i]) output(i, outs[i]);
-      }
       if constexpr (Quant::kLaneSplit) {
-        float one[NV];
-#pragma unroll
-        for (int i = 0; i < NV; ++i) one[i] = outs[i][0];
-        quant_out.template emit_slots<kCs>(p, qrow, lane, lane, ok, one);
+        quant_out.template emit_slots<kCs>(p, qrow, lane, lane, ok, [&](int i) {
+          float out[1];
+          output(i, out);
+          return out[0];
+        });
       } else {
 #pragma unroll
-        for (int i = 0; i < NV; ++i)
-          quant_out.template emit<kCs>(p, qrow, i * TPR + lane, lane, ok[i], outs[i], row_value);
+        for (int i = 0; i < NV; ++i) {
+          float out[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) out[j] = 0.f;
+          if (ok[i]) output(i, out);
+          quant_out.template emit<kCs>(p, qrow, i * TPR + lane, lane, ok[i], out, row_value);
+        }
       }
     }
     if constexpr (Quant::kRecipe == 0 || kRes) {

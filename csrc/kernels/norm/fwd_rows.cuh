@@ -271,16 +271,13 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
     for (int c = 0; c < kChunks; ++c) {
       if constexpr (Quant::kLaneSplit) {  // one element a slot: the chunk's outputs, then its codes
         bool oks[NV];
-        float outs[NV];
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          const int v = c * kChunk + i * TPR + lane;
-          oks[i] = row_ok && (kEven || v < kVecs);
-          float out[1] = {0.f};
-          if (kLoadAll || oks[i]) normalized(c, i, v, out);
-          outs[i] = out[0];
-        }
-        quant_out.template emit_slots<kCs>(p, qrow, c * kChunk + lane, lane, oks, outs);
+        for (int i = 0; i < NV; ++i) oks[i] = row_ok && (kEven || c * kChunk + i * TPR + lane < kVecs);
+        quant_out.template emit_slots<kCs>(p, qrow, c * kChunk + lane, lane, oks, [&](int i) {
+          float out[1];
+          normalized(c, i, c * kChunk + i * TPR + lane, out);
+          return out[0];
+        });
         continue;
       }
 #pragma unroll

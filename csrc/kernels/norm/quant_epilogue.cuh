@@ -302,19 +302,37 @@ struct QuantEpilogue {
     }
   }
 
+  // One butterfly step of emit_slots, a[0, 2M) -> a[0, M): lane bit M picks
+  // the half a lane keeps, its partner sends the other. M is a template
+  // argument so that every index is a constant and `a` stays in registers.
+  template <int M>
+  __device__ __forceinline__ static void fold(float (&a)[kLanes], int lane) {
+    if constexpr (M > 0) {
+      const bool up = (lane & M) != 0;
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        const float lo = a[j], hi = a[j + M];
+        a[j] = fmaxf(up ? hi : lo, __shfl_xor_sync(0xffffffffu, up ? lo : hi, M));
+      }
+      fold<M / 2>(a, lane);
+    }
+  }
+
   // One element a lane (VEC == 1) with block scales: a block's kLanes
   // elements lie on kLanes lanes, one a slot. Rather than every lane
   // reducing and scaling every slot's block, the lanes of a block split a
   // group of kLanes slots: a butterfly leaves lane k the block amax of slot
   // k of the group, it alone works out that block's scale and stores it, and
   // the multipliers come back by shuffles. Slot s is vector v0 + s * TPR
-  // (v0: this lane's first); ok[s]: it exists. Every lane of a group calls
-  // it with the same slots.
+  // (v0: this lane's first); ok[s]: it exists; value(s): its output, taken
+  // twice (for the amax, then for the code) so that no more than a group's
+  // kLanes outputs are live at once. Every lane of a group calls it with
+  // the same slots.
   static constexpr bool kLaneSplit = VEC == 1 && kBlock > 0 && !kRowAmax && kLanes > 1;
 
-  template <bool CS, int NV, RowForm FORM>
+  template <bool CS, int NV, RowForm FORM, typename Value>
   __device__ __forceinline__ void emit_slots(const P& p, const Row<FORM>& r, int v0, int lane, const bool (&ok)[NV],
-                                             const float (&f)[NV]) {
+                                             Value value) {
     static_assert(kLaneSplit, "slots split their blocks' scales over the block's lanes");
     constexpr int L = kLanes;
     const int k = lane % L;
@@ -326,18 +344,10 @@ struct QuantEpilogue {
 #pragma unroll
       for (int j = 0; j < L; ++j) {
         // -1: absent on this lane. fmaxf(0, NaN) drops NaN, as emit() does.
-        a[j] = g + j < NV && ok[g + j] ? fmaxf(0.f, fabsf(f[g + j])) : -1.f;
+        a[j] = g + j < NV && ok[g + j] ? fmaxf(0.f, fabsf(value(g + j))) : -1.f;
         if constexpr (kTensorAmax) tensor_amax = fmaxf(tensor_amax, a[j]);
       }
-#pragma unroll
-      for (int m = L / 2; m > 0; m >>= 1) {  // a[0, 2m) -> a[0, m): the half lane bit m picks
-        const bool up = (lane & m) != 0;
-#pragma unroll
-        for (int j = 0; j < m; ++j) {
-          const float keep = up ? a[j + m] : a[j], send = up ? a[j] : a[j + m];
-          a[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, m));
-        }
-      }
+      fold<L / 2>(a, lane);
       // a[0]: the block amax of slot g + k; negative where no element of it exists.
       const float amax = fmaxf(a[0], 0.f);
       unsigned code;
@@ -354,7 +364,7 @@ struct QuantEpilogue {
       for (int j = 0; j < L; ++j) {
         if (g + j >= NV) break;
         const float mj = __shfl_sync(0xffffffffu, mult, j, L);
-        scalar_code<CS>(y, v0 + (g + j) * TPR, ok[g + j], f[g + j], mj);
+        scalar_code<CS>(y, v0 + (g + j) * TPR, ok[g + j], ok[g + j] ? value(g + j) : 0.f, mj);
       }
     }
   }
