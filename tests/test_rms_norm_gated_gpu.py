@@ -19,7 +19,13 @@ pytestmark = pytest.mark.gpu
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # Model widths with Mamba2-like group sizes, beside the awkward CASES.
-MODEL_CASES = [(2048, (None, 1024, 64)), (4096, (None, 1024)), (8192, (None, 1024, 2048))]
+MODEL_CASES = [
+    (2048, (None, 1024, 64)),
+    (4096, (None, 1024)),
+    (8192, (None, 1024, 2048)),
+    (5120, (None, 1024)),  # one segment of 10 warps
+    (1536, (None,)),  # two row slots of 3 warps
+]
 
 
 def _arch():

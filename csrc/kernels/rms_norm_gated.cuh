@@ -13,8 +13,9 @@
 // Invariants (the host guarantees them, ops/norm/gated.cpp):
 // - G % VEC == 0, every x / z base and row stride is VEC-aligned, dy and the
 //   outputs are contiguous; the segment is one chunk (SV <= TPR * NV).
-// - TPR is a power of two (a multiple of 32 above 32); RT * ROWS is a
-//   multiple of 32 of at most 512 threads.
+// - TPR is a power of two up to 32, else a multiple of 32 (any, for one
+//   segment; a power of two for more); RT * ROWS is a multiple of 32 of at
+//   most 512 threads.
 // - The row-block loops are uniform across the CTA (rows past the end take
 //   part in the reductions), so any grid of at most row_blocks CTAs works.
 // - Backward: a persistent grid-stride kernel. Each CTA sums its dW terms

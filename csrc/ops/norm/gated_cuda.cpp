@@ -101,6 +101,10 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   int64_t tpr = 1;
   while ((tpr < min_tpr || ceil_div(sv, tpr) > target) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
   if (tpr < min_tpr) return std::nullopt;
+  // One segment past a warp: the fewest whole warps that keep `target`
+  // vectors a thread (5120 wide: 320 threads, not 512 with 128 of them idle
+  // for the second vector).
+  if (s == 1 && tpr > 32) tpr = std::min(tpr, ceil_div(ceil_div(sv, target), 32) * 32);
   if (quant::per_token(recipe)) {
     const auto lane_group = [s](int64_t t) { return t * s % 32 == 0 || (t * s < 32 && (t * s & (t * s - 1)) == 0); };
     while (!lane_group(tpr) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
