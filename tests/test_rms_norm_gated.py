@@ -261,11 +261,13 @@ def test_plans_fall_back_only_past_the_register_rows():
         # The backward keeps four (of x, z and dy each) at 256 threads.
         (8192, 8192, "backward", 256, 4),
         (8192, 1024, "backward", 256, 4),
-        # One segment takes whole warps, not a power of two: no idle lanes.
+        # One segment of 128 threads or more takes whole warps, not a power
+        # of two: no idle lanes. Narrower ones keep a power of two.
         (5120, 5120, "forward", 320, 2),
         (5120, 5120, "backward", 160, 4),
         (3072, 3072, "forward", 192, 2),
-        (1536, 1536, "forward", 192, 2),  # two row slots of 96 threads
+        (3072, 3072, "backward", 128, 3),
+        (1536, 1536, "forward", 128, 2),
         # Segments of a row keep power-of-two groups.
         (5120, 1024, "forward", 320, 2),
     ],

@@ -24,7 +24,7 @@ MODEL_CASES = [
     (4096, (None, 1024)),
     (8192, (None, 1024, 2048)),
     (5120, (None, 1024)),  # one segment of 10 warps
-    (1536, (None,)),  # two row slots of 3 warps
+    (3072, (None,)),  # 6 warps forward, 4 backward
 ]
 
 

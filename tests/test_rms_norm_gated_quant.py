@@ -328,7 +328,14 @@ def test_every_recipe_compiles_for_each_arch(arch):
 # ---- the GPU: kernels and fallback against the reference -----------------------
 # (50, 25) and (272, 16) take the fallback for block recipes, (272, 16) for per-token too.
 
-GPU_CASES = CASES + [(2048, (None, 64)), (4096, (1024,)), (4097, (None,)), (272, (16,)), (5120, (None,)), (1536, (None,))]
+GPU_CASES = CASES + [
+    (2048, (None, 64)),
+    (4096, (1024,)),
+    (4097, (None,)),
+    (272, (16,)),
+    (5120, (None,)),
+    (3072, (None,)),
+]
 GPU_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 

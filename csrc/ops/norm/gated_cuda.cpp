@@ -101,10 +101,12 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   int64_t tpr = 1;
   while ((tpr < min_tpr || ceil_div(sv, tpr) > target) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
   if (tpr < min_tpr) return std::nullopt;
-  // One segment past a warp: the fewest whole warps that keep `target`
-  // vectors a thread (5120 wide: 320 threads, not 512 with 128 of them idle
-  // for the second vector).
-  if (s == 1 && tpr > 32) tpr = std::min(tpr, ceil_div(ceil_div(sv, target), 32) * 32);
+  // One segment of at least kMinThreads: the fewest whole warps that keep
+  // `target` vectors a thread (5120 wide: 320 forward threads, not 512 with
+  // 128 of them idle on the second vector; 1.12-1.55x on H200). Narrower
+  // rows keep a power of two: two slots of three warps ran 5-8% slower than
+  // one of four (docs/history.md entry 94).
+  if (s == 1) tpr = std::min(tpr, std::max<int64_t>(kMinThreads, ceil_div(ceil_div(sv, target), 32) * 32));
   if (quant::per_token(recipe)) {
     const auto lane_group = [s](int64_t t) { return t * s % 32 == 0 || (t * s < 32 && (t * s & (t * s - 1)) == 0); };
     while (!lane_group(tpr) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
