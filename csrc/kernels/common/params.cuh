@@ -131,7 +131,7 @@ constexpr RTCNORM_HOST_DEVICE bool early_direct_grads(unsigned flags, int tpr, i
          (flags & (kClusterBits | kCluster16)) == 0 && bwd_bundles(tpr, rows) == 1;
 }
 
-// flat_row (norm/flat_row.cuh): elements of one staging buffer, a row block
+// flat_row (common/flat_stage.cuh): elements of one staging buffer, a row block
 // of `rows` rows of n elements of esize bytes plus the parts of 16-byte
 // pieces before and after it, in whole pieces. The planner sizes shared
 // memory with it. Its ring has kFlatStages stages: one block's copies fly
