@@ -41,4 +41,5 @@
 #pragma once
 
 #include "softmax/bwd.cuh"
+#include "softmax/flat.cuh"
 #include "softmax/fwd.cuh"

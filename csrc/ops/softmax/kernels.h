@@ -13,5 +13,8 @@ constexpr unsigned kSoftmaxCachedFlag = 1u;
 constexpr int kSoftmaxMinBlocksShift = 8, kSoftmaxOptsShift = 16;
 
 extern const jit::KernelFamily kSoftmaxFwd, kSoftmaxBwd;
+// flat_row (kernels/softmax/flat.cuh): the row length is the key's hidden,
+// compiled in (it sizes the stage ring, and a kernel's shared memory is fixed).
+extern const jit::KernelFamily kSoftmaxFwdFlat, kSoftmaxBwdFlat;
 
 }  // namespace rtcnorm
