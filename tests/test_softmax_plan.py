@@ -19,7 +19,8 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 MASKED = "scaled_masked_softmax"
 CAUSAL = "scaled_upper_triang_masked_softmax"
 ALIGNED = "scaled_aligned_causal_masked_softmax"
-DESIGNS = ("cluster_rows", "few_rows", "mask_reuse", "rows", "streamed")
+DESIGNS = ("cluster_rows", "few_rows", "mask_reuse", "rows", "streamed", "flat_row")
+PERSISTENT = ("streamed", "flat_row")
 
 
 def explain(op, shape, dtype=BF16, mask_shape=None, **kw):
@@ -64,14 +65,15 @@ PLANS = [
     ("scaled_softmax", (4, 32, 1024, 1024), FP32, None, {}, "backward", "rows", (256, 1, 1, 1), 4 * 32 * 1024),
     ("scaled_softmax", (4, 32, 4096, 4096), BF16, None, {}, "backward", "rows", (256, 2, 1, 1), 4 * 32 * 4096),
     ("scaled_softmax", (4, 32, 8192, 8192), BF16, None, {}, "backward", "rows", (256, 4, 1, 1), 4 * 32 * 8192),
-    ("scaled_softmax", (4, 32, 1001, 1001), BF16, None, {}, "backward", "rows", (128, 8, 2, 1), 4 * 32 * 1001 // 2),
+    # Rows of 2002 bytes allow no 16-byte access: staged through shared memory in 16-byte pieces.
+    ("scaled_softmax", (4, 32, 1001, 1001), BF16, None, {}, "backward", "flat_row", (256, 4, 1, 1), "occupancy"),
     # Many rows that one CTA would hold alone on its SM: split over a cluster so that 4 CTAs share it.
     ("scaled_softmax", (1024, 65536), BF16, None, {}, "forward", "cluster_rows", (256, 8, 1, 4), 1024 * 4),
     ("scaled_softmax", (1024, 65536), BF16, None, {}, "backward", "cluster_rows", (256, 4, 1, 8), 1024 * 8),
     ("scaled_softmax", (1024, 65536), BF16, None, {"arch": "sm_80"}, "forward", "rows", (1024, 8, 1, 1), 1024),
     ("scaled_softmax", (2048, 32768), BF16, None, {}, "forward", "rows", (512, 8, 1, 1), 2048),
-    # ... only rows of 16-byte accesses: narrower ones stream rather than add cluster barriers.
-    ("scaled_softmax", (4096, 12345), BF16, None, {}, "forward", "streamed", (512, 8, 1, 1), None),
+    # ... only rows of 16-byte accesses: narrower ones take flat rows (before them they streamed).
+    ("scaled_softmax", (4096, 12345), BF16, None, {}, "forward", "flat_row", (1024, 13, 1, 1), "occupancy"),
     # Causal rows keep the forward's shape backward: 16 registers of y and dy, 256-thread CTAs.
     (CAUSAL, (4, 32, 1024, 1024), BF16, None, {}, "backward", "rows", (32, 4, 8, 1), 4 * 32 * 1024 // 8),
     (ALIGNED, (4, 32, 2048, 2048), BF16, None, {}, "backward", "rows", (128, 2, 2, 1), 4 * 32 * 2048 // 2),
@@ -87,8 +89,10 @@ def test_plan_table(op, shape, dtype, mask, kw, phase, design, shape_knobs, grid
     k = e["knobs"]
     assert (k["threads_per_row"], k["vecs_per_thread"], k["rows_per_cta"], k["cluster"]) == shape_knobs, k
     assert (e["threads_per_row"], e["vecs_per_thread"], e["rows_per_cta"], e["cluster"]) == shape_knobs
-    assert e["cached_row"] == (design != "streamed") and e["persistent"] == (design == "streamed")
-    if grid is None:
+    assert e["cached_row"] == (design not in PERSISTENT) and e["persistent"] == (design in PERSISTENT)
+    if grid == "occupancy":
+        assert e["grid"] == "SMs x occupancy" and k["ctas_per_sm"] == 0
+    elif grid is None:
         assert e["grid"] == "SMs x min(occupancy, 2)" and k["ctas_per_sm"] == 2
     else:
         assert e["grid"] == grid
@@ -199,6 +203,7 @@ def test_catalogue_declares_the_knobs():
         "mask_reuse": ["reuse_run", "l1_alloc", "stream_store"],
         "rows": ["heads_inner", "l1_alloc", "stream_store"],
         "streamed": ["ctas_per_sm", "l1_alloc", "stream_store"],
+        "flat_row": ["ctas_per_sm", "stream_store"],
     }
 
 

@@ -52,7 +52,7 @@ def test_override_restores_after_error():
     ("design", "knobs", "exc", "match"),
     [
         ("persistent", {}, ValueError, "unknown softmax design 'persistent'; the designs are cluster_rows, few_rows, "
-         "mask_reuse, rows, streamed"),
+         "mask_reuse, rows, streamed, flat_row"),
         ("rows", {"cluster": 2}, ValueError,
          "softmax knob 'cluster' is not declared by design 'rows'; its knobs are heads_inner, l1_alloc, stream_store"),
         (None, {"fwd_target_regs": 32}, ValueError,

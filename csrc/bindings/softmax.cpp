@@ -30,6 +30,7 @@ py::dict softmax_knobs_dict(const SoftmaxKnobs& k) {
   d["heads_inner"] = k.heads_inner;
   d["l1_alloc"] = k.l1_alloc;
   d["stream_store"] = k.stream_store;
+  d["smem_bytes"] = k.smem_bytes;
   return d;
 }
 
@@ -69,6 +70,7 @@ py::dict explain_softmax(const std::string& op, int64_t rows, int64_t cols, cons
   p.cols = cols;
   p.sq = sq;
   p.max_vec = 16;
+  p.flat = true;
   bool known = false;
   for (SoftmaxOp o : {SoftmaxOp::kScaled, SoftmaxOp::kMasked, SoftmaxOp::kUpperTriang, SoftmaxOp::kAlignedCausal}) {
     if (op != softmax_op_name(o)) continue;

@@ -139,6 +139,11 @@ bool mask_broadcast_split(const RowIndex& mr, int64_t rows, int64_t* inner, int6
   return false;
 }
 
+// Whether t is one flat array of rows from a 16-byte aligned base (flat_row).
+bool staged_rows(const at::Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
 // Plans, loads and launches one softmax kernel; prm's row_blocks is filled in
 // from the plan before the launch reads the block.
 template <typename Params>
@@ -149,7 +154,7 @@ void launch_softmax(const char* op, const at::Tensor& like, const SoftmaxProblem
   p.arch = SoftmaxArch(info.arch, info.sm_count);
   const SoftmaxPlan plan = plan_softmax(p);
   const jit::CUstream stream = jit::current_stream(dev);
-  const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, 0);
+  const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, static_cast<size_t>(plan.knobs.smem_bytes));
   prm.row_blocks = static_cast<int>(plan.row_blocks);
   if constexpr (std::is_same_v<Params, SoftmaxFwdParams>) prm.reuse_splits = plan.reuse_splits;
   const int64_t grid = softmax_grid(plan, info.sm_count, k.blocks_per_sm);
@@ -190,6 +195,7 @@ at::Tensor softmax_forward_cuda(SoftmaxOp op, const at::Tensor& input, const at:
   prob.sq = d.sq;
   int64_t inner = 1, bcast = 1;
   if (m.defined() && mask_broadcast_split(prm.mask_rows, d.rows, &inner, &bcast)) prob.mask_bcast = bcast;
+  prob.flat = staged_rows(x);
   prm.inner = make_fast_div(inner);
   prm.bcast = make_fast_div(bcast);
 
@@ -228,6 +234,7 @@ at::Tensor scaled_softmax_backward_cuda(const at::Tensor& grad_output, const at:
   prob.variant = causal ? SoftmaxVariant::kCausal : SoftmaxVariant::kPlain;
   prob.sq = d.sq;
   prob.backward = true;
+  prob.flat = staged_rows(y) && staged_rows(dy);
 
   prm.y = y.data_ptr();
   prm.dy = dy.data_ptr();

@@ -12,25 +12,31 @@ namespace {
 
 // Every kernel an op may launch for (dtype, sk, arch): its forward and the
 // backward its autograd calls. Assumes aligned tensors (the widest vector
-// access), as freshly allocated tensors are; masks both full and broadcast;
-// large grids, and decode-sized ones on 132 SMs (32 rows: a CTA per row; 8
-// rows: long ones split over clusters), causal ones also with one query.
-std::vector<jit::KernelKey> softmax_keys(SoftmaxVariant variant, jit::DType dtype, int64_t cols, int arch) {
+// access), as freshly allocated tensors are, both contiguous (flat rows) and
+// not; masks both full and broadcast; large grids, and decode-sized ones on
+// 132 SMs (32 rows: a CTA per row; 8 rows: long ones split over clusters),
+// causal ones also with one query.
+void add_keys(SoftmaxVariant variant, jit::DType dtype, int64_t cols, int arch, bool flat,
+              std::vector<jit::KernelKey>& keys) {
   SoftmaxProblem p;
   p.variant = variant;
   p.dtype = dtype;
   p.rows = 1 << 16;
   p.cols = cols;
   p.max_vec = 16;
+  p.flat = flat;
   p.arch = SoftmaxArch(arch, 0);
-  std::vector<jit::KernelKey> keys = {plan_softmax(p).key};
+  const auto add = [&keys](const jit::KernelKey& k) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  };
+  add(plan_softmax(p).key);
   if (variant == SoftmaxVariant::kMasked) {  // and a mask broadcast over 16 heads
     p.mask_bcast = 16;
-    keys.push_back(plan_softmax(p).key);
+    add(plan_softmax(p).key);
     p.mask_bcast = 1;
   }
   p.backward = true;
-  keys.push_back(plan_softmax(p).key);
+  add(plan_softmax(p).key);
   p.arch = SoftmaxArch(arch, 132);
   for (int64_t rows : {32, 8})
     for (int64_t sq : {int64_t{0}, int64_t{1}})
@@ -39,9 +45,13 @@ std::vector<jit::KernelKey> softmax_keys(SoftmaxVariant variant, jit::DType dtyp
         p.rows = rows;
         p.sq = sq;
         p.backward = backward;
-        const jit::KernelKey k = plan_softmax(p).key;
-        if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+        add(plan_softmax(p).key);
       }
+}
+
+std::vector<jit::KernelKey> softmax_keys(SoftmaxVariant variant, jit::DType dtype, int64_t cols, int arch) {
+  std::vector<jit::KernelKey> keys;
+  for (bool flat : {true, false}) add_keys(variant, dtype, cols, arch, flat, keys);
   return keys;
 }
 

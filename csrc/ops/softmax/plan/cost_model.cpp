@@ -55,6 +55,21 @@ SoftmaxCost softmax_cost(SoftmaxDesign d, const SoftmaxProblem& p, const Softmax
     // hides its exponentials, two an element unless it keeps them.
     if (!p.backward && k.min_blocks == 1 && c.waves > 1)
       c.lone_exps = int64_t(c.round_trips) * threads * k.vecs_per_thread * k.vec * (k.keep_exp ? 1 : 2);
+  } else if (d == SoftmaxDesign::kFlatRow) {
+    // flat_row's persistent CTAs take their row blocks one after another,
+    // the ring hiding each block's copies behind the work on the one before:
+    // a round trip and a thread's vectors per block. Its global accesses are
+    // 16-byte pieces whatever the row's width (the issue term below); the
+    // passes over the stage run from shared memory and go uncharged. So it
+    // wins where the others' accesses are narrower than 16 bytes, the only
+    // problems it is feasible for.
+    const int64_t blocks = design_row_blocks(d, p, k);
+    const int per_sm = k.ctas_per_sm > 0 ? k.ctas_per_sm : std::max(1, k.min_blocks);
+    c.ctas = std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sms) * per_sm));
+    c.waves = 1;
+    const int64_t per_cta = ceil_div(blocks, c.ctas);
+    c.round_trips = static_cast<int>(std::min<int64_t>(1 << 30, per_cta));
+    c.serial_vecs = static_cast<int>(std::min<int64_t>(1 << 30, per_cta * k.vecs_per_thread));
   } else {
     // A persistent grid: each CTA loops over its rows, two passes of chunks each.
     const int per_sm = k.ctas_per_sm > 0 ? std::min(k.ctas_per_sm, std::max(1, k.min_blocks)) : k.min_blocks;
@@ -68,8 +83,10 @@ SoftmaxCost softmax_cost(SoftmaxDesign d, const SoftmaxProblem& p, const Softmax
     c.l2_bytes += elems * esize * tensors;  // the normalize (dx) pass re-reads the inputs
   }
   c.active_sms = static_cast<int>(std::min<int64_t>(sms, c.ctas));
-  // Vector loads each occupied SM issues: every input vector once, twice when streamed.
+  // Vector loads each occupied SM issues: every input vector once, twice when
+  // streamed; flat_row's are 16-byte pieces.
   c.sm_vecs = p.rows * vecs * tensors * (cached_design(d) ? 1 : 2) / c.active_sms;
+  if (d == SoftmaxDesign::kFlatRow) c.sm_vecs = ceil_div(elems * esize, 16) * tensors / c.active_sms;
   const double bw = std::min(kHbmBytesPerNs, c.active_sms * kSmBytesPerNs);
   c.ns = kLaunchNs + c.round_trips * kRoundTripNs + c.serial_vecs * kVecNs + static_cast<double>(c.dram_bytes) / bw +
          static_cast<double>(c.l2_bytes) / kL2BytesPerNs + static_cast<double>(c.sm_vecs) * kIssueNs +

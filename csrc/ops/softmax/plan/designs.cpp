@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/params.cuh"
 #include "ops/plan_util.h"
 #include "ops/softmax/kernels.h"
 
@@ -230,6 +231,49 @@ bool streamed_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Sof
   return true;
 }
 
+// flat_row: a thread takes kFlatVecs vectors of its row per pass at the
+// target (up to kFlatThreads a row); short rows pack into 256-thread CTAs
+// while a stage buffer stays within kFlatStageBytes. The static reduction
+// scratch takes at most kFlatScratch bytes besides the ring. Launch bounds
+// leave a thread kFlatRegs registers (packed rows' addressing spills at 32,
+// and on sm_90 at 40 for rows of a few elements); a 1024-thread CTA of one
+// row fits in 32, two to an SM.
+constexpr int64_t kFlatVecs = 4, kFlatThreads = 1024, kFlatStageBytes = 32 << 10, kFlatScratch = 1 << 10;
+constexpr int64_t kFlatRegs = 48, kFlatCta = 128;
+
+bool flat_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, SoftmaxKnobs* k, const char** why) {
+  const int64_t esize = jit::element_size(p.dtype), tensors = p.backward ? 2 : 1;
+  if (!p.flat) return fail(why, "needs every row tensor contiguous from a 16-byte aligned base");
+  if (p.kernel_kind() == kSoftmaxMasked) return fail(why, "takes no mask");
+  if (p.cols * esize % 16 == 0) return fail(why, "rows of whole 16-byte pieces take 16-byte accesses already");
+  // Unless forced: at most one row per SM leaves the ring nothing to overlap,
+  // and a decode loop would compile a kernel per key length (few_rows and
+  // cluster_rows serve every length with a handful).
+  if (!ov.forced && p.arch.sm_count > 0 && p.rows <= p.arch.sm_count) return fail(why, "needs more rows than SMs");
+  const int64_t limit = p.arch.smem_bytes - kFlatScratch;
+  const auto ring = [&](int64_t r) {
+    return kFlatStages * tensors * flat_buffer_elems(static_cast<int>(r), static_cast<int>(p.cols), int(esize)) * esize;
+  };
+  if (kFlatStages * tensors * p.cols * esize > limit || ring(1) > limit)
+    return fail(why, "the stage ring of one row does not fit shared memory");
+  const int vec = widest_vec(p.dtype, 16, p.cols);
+  const int64_t tpr = std::clamp<int64_t>(pow2_ceil(ceil_div(p.cols / vec, kFlatVecs)), 2, kFlatThreads);
+  int64_t rows = std::max<int64_t>(1, kFlatCta / tpr);
+  while (rows > 1 && (rows * p.cols * esize > kFlatStageBytes || ring(rows) > limit)) rows /= 2;
+  k->vec = vec;
+  k->threads_per_row = static_cast<int>(tpr);
+  k->vecs_per_thread = static_cast<int>(ceil_div(p.cols / vec, tpr));
+  k->rows_per_cta = static_cast<int>(rows);
+  // Launch bounds: as many CTAs as kFlatRegs registers a thread and shared memory allow.
+  const int64_t fit = std::max<int64_t>(1, p.arch.smem_bytes / ring(rows));
+  const int64_t by_regs = tpr * rows >= 1024 ? 2 : 65536 / (kFlatRegs * tpr * rows);
+  k->min_blocks = static_cast<int>(std::clamp<int64_t>(std::min(by_regs, fit), 1, 32));
+  k->ctas_per_sm = static_cast<int>(ov.has(SoftmaxKnob::kCtasPerSm) ? ov.get(SoftmaxKnob::kCtasPerSm) : 0);
+  k->stream_store = ov.has(SoftmaxKnob::kStreamStore) && ov.get(SoftmaxKnob::kStreamStore) != 0;
+  k->smem_bytes = ring(rows);
+  return true;
+}
+
 constexpr unsigned kOutputKnobs = knob_bit(SoftmaxKnob::kL1Alloc) | knob_bit(SoftmaxKnob::kStreamStore);
 
 // Catalogue order breaks cost ties: the more specialised design first.
@@ -239,6 +283,8 @@ const SoftmaxDesignInfo kDesigns[kNumSoftmaxDesigns] = {
     {SoftmaxDesign::kMaskReuse, "mask_reuse", knob_bit(SoftmaxKnob::kReuseRun) | kOutputKnobs, mask_reuse_shape},
     {SoftmaxDesign::kRows, "rows", knob_bit(SoftmaxKnob::kHeadsInner) | kOutputKnobs, rows_shape},
     {SoftmaxDesign::kStreamed, "streamed", knob_bit(SoftmaxKnob::kCtasPerSm) | kOutputKnobs, streamed_shape},
+    {SoftmaxDesign::kFlatRow, "flat_row", knob_bit(SoftmaxKnob::kCtasPerSm) | knob_bit(SoftmaxKnob::kStreamStore),
+     flat_shape},
 };
 
 }  // namespace
@@ -266,10 +312,12 @@ const char* knob_range_error(SoftmaxKnob k, int64_t v) {
 
 int softmax_vec(const SoftmaxProblem& p) { return widest_vec(p.dtype, p.max_vec, p.cols); }
 
-bool cached_design(SoftmaxDesign d) { return d != SoftmaxDesign::kStreamed; }
+bool cached_design(SoftmaxDesign d) { return d != SoftmaxDesign::kStreamed && d != SoftmaxDesign::kFlatRow; }
+bool persistent_design(SoftmaxDesign d) { return !cached_design(d); }
 
 SoftmaxResources design_resources(SoftmaxDesign, const SoftmaxKnobs& k) {
   SoftmaxResources r;
+  r.smem_bytes = k.smem_bytes;
   r.threads = k.threads_per_row * k.rows_per_cta;
   r.regs_per_thread = std::min(255, 65536 / (k.min_blocks * r.threads));
   r.cluster = k.cluster;
@@ -292,10 +340,13 @@ KernelKey design_key(SoftmaxDesign d, const SoftmaxProblem& p, const SoftmaxKnob
   if (k.l1_alloc) opts |= kSoftmaxL1Alloc;
   opts |= log2_of_pow2(k.cluster) << kSoftmaxClusterShift;
   KernelKey key;
-  key.family = p.backward ? &kSoftmaxBwd : &kSoftmaxFwd;
+  const bool flat = d == SoftmaxDesign::kFlatRow;
+  key.family = flat ? (p.backward ? &kSoftmaxBwdFlat : &kSoftmaxFwdFlat) : p.backward ? &kSoftmaxBwd : &kSoftmaxFwd;
   key.dtype = p.dtype;
   key.wdtype = p.dtype;
-  key.hidden = cached ? k.cluster * k.threads_per_row * k.vecs_per_thread * k.vec : 0;
+  key.hidden = flat     ? static_cast<int32_t>(p.cols)
+               : cached ? k.cluster * k.threads_per_row * k.vecs_per_thread * k.vec
+                        : 0;
   key.vec = static_cast<int16_t>(k.vec);
   key.threads_per_row = static_cast<int16_t>(k.threads_per_row);
   key.rows_per_cta = static_cast<int16_t>(k.rows_per_cta);

@@ -16,8 +16,9 @@ enum class SoftmaxDesign : uint8_t {
   kMaskReuse,    // register rows; a broadcast mask row read once per run of rows
   kRows,         // register rows packed into CTAs, one CTA per row block
   kStreamed,     // rows too long for registers: chunks on a persistent grid
+  kFlatRow,      // rows with no 16-byte access: staged through shared memory in 16-byte pieces
 };
-constexpr int kNumSoftmaxDesigns = 5;
+constexpr int kNumSoftmaxDesigns = 6;
 
 // The knobs an override may set. Each design declares a subset.
 enum class SoftmaxKnob : uint8_t {
@@ -46,10 +47,12 @@ struct SoftmaxKnobs {
   bool heads_inner = false;   // rows sharing a mask row taken consecutively
   bool l1_alloc = false;      // x (y and dy) loaded through L1
   bool stream_store = false;  // y (dx) stored evict-first
+  int64_t smem_bytes = 0;     // kFlatRow: the stage ring, dynamic shared memory (fixed per kernel)
 };
 
-// What a design takes from an SM. The kernels use no dynamic shared memory;
-// their static reduction scratch is a few hundred bytes.
+// What a design takes from an SM. Only kFlatRow uses dynamic shared memory
+// (its stage ring); every kernel's static reduction scratch is a few hundred
+// bytes.
 struct SoftmaxResources {
   int threads = 0;          // per CTA
   int regs_per_thread = 0;  // the launch-bounds ceiling: 65536 / (min_blocks x threads), at most 255
@@ -60,6 +63,7 @@ struct SoftmaxResources {
 // An override as the planner receives it: a knob value per set bit.
 struct SoftmaxKnobOverrides {
   unsigned set = 0;
+  bool forced = false;  // the design is forced: its policy rules (not its limits) yield
   int64_t value[kNumSoftmaxKnobs] = {};
   bool has(SoftmaxKnob k) const { return (set & knob_bit(k)) != 0; }
   int64_t get(SoftmaxKnob k) const { return value[static_cast<int>(k)]; }
@@ -81,7 +85,10 @@ const char* knob_range_error(SoftmaxKnob k, int64_t value);
 
 // Elements per vector access for the problem (at most 16 bytes).
 int softmax_vec(const SoftmaxProblem& p);
+// The row stays in registers (kFlatRow keeps it in shared memory).
 bool cached_design(SoftmaxDesign d);
+// A persistent grid: CTAs stride over row blocks.
+bool persistent_design(SoftmaxDesign d);
 SoftmaxResources design_resources(SoftmaxDesign d, const SoftmaxKnobs& k);
 // Row blocks the grid covers (a CTA, or a cluster, each) before any persistent cap.
 int64_t design_row_blocks(SoftmaxDesign d, const SoftmaxProblem& p, const SoftmaxKnobs& k);

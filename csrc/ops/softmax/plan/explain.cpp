@@ -18,6 +18,13 @@ namespace {
 void describe_shape(std::ostringstream& os, const SoftmaxProblem& p, const SoftmaxPlan& plan) {
   const jit::KernelKey& k = plan.key;
   const char* data = p.backward ? "y and dy" : "x";
+  if (plan.design == SoftmaxDesign::kFlatRow) {
+    os << "rows of " << p.cols << " allow no 16-byte access: blocks of " << k.rows_per_cta << " rows of " << data
+       << " staged through shared memory in 16-byte pieces (" << plan.knobs.smem_bytes << " bytes of stages), "
+       << k.threads_per_row << " threads per row in vectors of " << k.vec << ", the output written in place and "
+       << "flushed in 16-byte pieces; grid = " << describe_grid(plan);
+    return;
+  }
   if (!plan.cached) {
     os << "row of " << p.cols << " too long for registers: streamed in chunks of "
        << k.threads_per_row * k.vecs_per_thread * k.vec << " elements, " << data << " re-read (mostly from L2) for the "

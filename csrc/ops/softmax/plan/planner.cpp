@@ -34,7 +34,7 @@ SoftmaxPlan make_plan(SoftmaxDesign d, const SoftmaxProblem& p, const SoftmaxKno
   plan.knobs = k;
   plan.key = design_key(d, p, k);
   plan.cached = cached_design(d);
-  plan.persistent = !plan.cached;
+  plan.persistent = persistent_design(d);
   plan.ctas_per_sm = plan.persistent ? k.ctas_per_sm : 0;
   plan.row_blocks = design_row_blocks(d, p, k);
   if (d == SoftmaxDesign::kMaskReuse) plan.reuse_splits = static_cast<int>(ceil_div(p.mask_bcast, k.reuse_run));
@@ -48,6 +48,7 @@ SoftmaxTrace trace_with(const SoftmaxProblem& p, const SoftmaxOverrides& ov) {
     const SoftmaxDesignInfo& info = design_info(static_cast<SoftmaxDesign>(i));
     SoftmaxKnobOverrides knobs = ov.knobs;
     knobs.set &= info.knobs;  // a knob reaches only the designs that declare it
+    knobs.forced = ov.design == info.design;
     SoftmaxCandidate c;
     c.design = info.design;
     c.feasible = info.shape(p, knobs, &c.knobs, &c.why_not);

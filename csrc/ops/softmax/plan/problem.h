@@ -44,11 +44,14 @@ struct SoftmaxProblem {
   // has rows of its own below it, e.g. heads for a (b, 1, sq, sk) mask
   // against (b, h, sq, sk) scores; 1 when the mask is not broadcast so.
   int64_t mask_bcast = 1;
+  // Every row tensor (x; or y and dy) is contiguous rows x cols from a
+  // 16-byte aligned base: one flat array (flat_row).
+  bool flat = false;
   SoftmaxArch arch;
 
   bool operator==(const SoftmaxProblem& o) const {
     return variant == o.variant && backward == o.backward && dtype == o.dtype && rows == o.rows && cols == o.cols &&
-           sq == o.sq && max_vec == o.max_vec && mask_bcast == o.mask_bcast && arch == o.arch;
+           sq == o.sq && max_vec == o.max_vec && mask_bcast == o.mask_bcast && flat == o.flat && arch == o.arch;
   }
 
   // The mask kind the kernels run: causal rows of one query run unmasked.
@@ -67,7 +70,8 @@ struct SoftmaxProblemHash {
     uint64_t h = 0xcbf29ce484222325ULL;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ULL; };
     mix(static_cast<uint64_t>(p.variant) | uint64_t(p.backward) << 8 | uint64_t(p.dtype) << 16 |
-        uint64_t(p.max_vec) << 24 | uint64_t(p.arch.clusters) << 40 | uint64_t(p.arch.arch) << 48);
+        uint64_t(p.max_vec) << 24 | uint64_t(p.flat) << 32 | uint64_t(p.arch.clusters) << 40 |
+        uint64_t(p.arch.arch) << 48);
     mix(static_cast<uint64_t>(p.rows));
     mix(static_cast<uint64_t>(p.cols));
     mix(static_cast<uint64_t>(p.sq));
