@@ -7,7 +7,9 @@ exactly 0 in the output.
 
 - Any row length ``sk`` >= 1 and any number of rows: no multiple-of-8,
   power-of-two or length caps. Rows too long to keep in registers are
-  streamed (an online max/sum pass, then a normalize pass).
+  streamed (an online max/sum pass, then a normalize pass). Contiguous rows
+  whose width is not a multiple of 16 bytes (odd ``sk``) are staged through
+  shared memory in 16-byte pieces.
 - A row with no visible element (a fully masked row) is all zeros, never
   NaN, and its gradient is zero. (``torch.softmax`` gives NaN there; Megatron's
   fused kernels, which fill with -10000, give ``1/sk``.)
