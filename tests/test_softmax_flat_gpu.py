@@ -34,7 +34,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _designs(op, x):
-    e = rtcnorm.softmax.explain(op, x.shape, x.dtype)
+    """The designs this device plans for x (forward, backward)."""
+    major, minor = torch.cuda.get_device_capability()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    e = rtcnorm.softmax.explain(op, x.shape, x.dtype, arch=f"sm_{major}{minor}", sm_count=sms)
     return e["forward"]["design"], e["backward"]["design"]
 
 
@@ -80,7 +83,7 @@ def test_gpu_flat_forced_matches_float64(shape, dtype):
     x = random_input(shape, dtype, "cuda", seed=shape[-1])
     with _tuning.softmax_override(design="flat_row"):
         fwd, bwd = _designs(PLAIN, x)
-        if shape[-1] * dtype.itemsize * 2 * 2 < 200 << 10:  # two stages of x, or of y and dy
+        if shape[-1] * dtype.itemsize * 2 * 2 < 160 << 10:  # two stages of y and dy fit any sm_80+
             assert fwd == bwd == "flat_row", (fwd, bwd)
         check_flat(PLAIN, x, seed=shape[0])
 
