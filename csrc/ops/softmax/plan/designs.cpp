@@ -231,24 +231,32 @@ bool streamed_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Sof
   return true;
 }
 
-// flat_row: a thread takes kFlatVecs vectors of its row per pass at the
-// target (up to kFlatThreads a row); short rows pack into 256-thread CTAs
-// while a stage buffer stays within kFlatStageBytes. The static reduction
-// scratch takes at most kFlatScratch bytes besides the ring. Launch bounds
-// leave a thread kFlatRegs registers (packed rows' addressing spills at 32,
-// and on sm_90 at 40 for rows of a few elements); a 1024-thread CTA of one
-// row fits in 32, two to an SM.
-constexpr int64_t kFlatVecs = 4, kFlatThreads = 1024, kFlatStageBytes = 32 << 10, kFlatScratch = 1 << 10;
-constexpr int64_t kFlatRegs = 48, kFlatCta = 128;
+// flat_row: CTAs of kFlatCta threads. A row takes the fewest power-of-two
+// threads (at most kFlatCta) that hold at most kFlatVecs vectors each a
+// pass, and a CTA packs kFlatCta / tpr rows while a stage (all its
+// tensors) stays within kFlatStageBytes. A CTA has one stage in flight while it works on the
+// other, so the copies an SM keeps in flight are its CTAs' stages: small
+// CTAs, several an SM (launch bounds from kFlatRegs registers a thread and
+// the ring's shared memory), keep 64-100 KB in flight. 1024-thread CTAs of
+// one row kept 8-25 KB and ran at 13-36% of copy (docs/history.md entry 94).
+// The static reduction scratch takes at most kFlatScratch bytes besides the
+// ring; packed rows' addressing spilled at 32 registers, and on sm_90 at 40
+// for rows of a few elements.
+constexpr int64_t kFlatVecs = 64, kFlatCta = 256, kFlatStageBytes = 32 << 10, kFlatScratch = 1 << 10;
+constexpr int64_t kFlatRegs = 48;
 
 bool flat_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, SoftmaxKnobs* k, const char** why) {
   const int64_t esize = jit::element_size(p.dtype), tensors = p.backward ? 2 : 1;
   if (!p.flat) return fail(why, "needs every row tensor contiguous from a 16-byte aligned base");
   if (p.kernel_kind() == kSoftmaxMasked) return fail(why, "takes no mask");
   if (p.cols * esize % 16 == 0) return fail(why, "rows of whole 16-byte pieces take 16-byte accesses already");
-  // Unless forced: at most one row per SM leaves the ring nothing to overlap,
-  // and a decode loop would compile a kernel per key length (few_rows and
+  const int vec = widest_vec(p.dtype, 16, p.cols);
+  // Unless forced: rows the other designs read in accesses of 4 bytes or
+  // more keep them (the norms measured register rows ahead of flat rows
+  // there); at most one row per SM leaves the ring nothing to overlap, and
+  // a decode loop would compile a kernel per key length (few_rows and
   // cluster_rows serve every length with a handful).
+  if (!ov.forced && vec * esize >= 4) return fail(why, "rows read 4 bytes an access or more take the register designs");
   if (!ov.forced && p.arch.sm_count > 0 && p.rows <= p.arch.sm_count) return fail(why, "needs more rows than SMs");
   const int64_t limit = p.arch.smem_bytes - kFlatScratch;
   const auto ring = [&](int64_t r) {
@@ -256,17 +264,16 @@ bool flat_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Softmax
   };
   if (kFlatStages * tensors * p.cols * esize > limit || ring(1) > limit)
     return fail(why, "the stage ring of one row does not fit shared memory");
-  const int vec = widest_vec(p.dtype, 16, p.cols);
-  const int64_t tpr = std::clamp<int64_t>(pow2_ceil(ceil_div(p.cols / vec, kFlatVecs)), 2, kFlatThreads);
+  const int64_t tpr = std::clamp<int64_t>(pow2_ceil(ceil_div(p.cols / vec, kFlatVecs)), 2, kFlatCta);
   int64_t rows = std::max<int64_t>(1, kFlatCta / tpr);
-  while (rows > 1 && (rows * p.cols * esize > kFlatStageBytes || ring(rows) > limit)) rows /= 2;
+  while (rows > 1 && (rows * p.cols * esize * tensors > kFlatStageBytes || ring(rows) > limit)) rows /= 2;
   k->vec = vec;
   k->threads_per_row = static_cast<int>(tpr);
   k->vecs_per_thread = static_cast<int>(ceil_div(p.cols / vec, tpr));
   k->rows_per_cta = static_cast<int>(rows);
   // Launch bounds: as many CTAs as kFlatRegs registers a thread and shared memory allow.
   const int64_t fit = std::max<int64_t>(1, p.arch.smem_bytes / ring(rows));
-  const int64_t by_regs = tpr * rows >= 1024 ? 2 : 65536 / (kFlatRegs * tpr * rows);
+  const int64_t by_regs = 65536 / (kFlatRegs * tpr * rows);
   k->min_blocks = static_cast<int>(std::clamp<int64_t>(std::min(by_regs, fit), 1, 32));
   k->ctas_per_sm = static_cast<int>(ov.has(SoftmaxKnob::kCtasPerSm) ? ov.get(SoftmaxKnob::kCtasPerSm) : 0);
   k->stream_store = ov.has(SoftmaxKnob::kStreamStore) && ov.get(SoftmaxKnob::kStreamStore) != 0;
