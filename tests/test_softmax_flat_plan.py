@@ -35,15 +35,18 @@ def explain(op, shape, dtype=BF16, **kw):
 
 
 # (op, shape, dtype, kw) -> (vec, threads_per_row, vecs_per_thread, rows_per_cta) forward and backward
+# (None: the backward keeps a register design).
 FLAT = [
-    (PLAIN, (4096, 12345), BF16, {}, (1, 1024, 13, 1), (1, 1024, 13, 1)),
-    (PLAIN, (8192, 4097), BF16, {}, (1, 1024, 5, 1), (1, 1024, 5, 1)),
-    (PLAIN, (1000, 9999), FP16, {}, (1, 1024, 10, 1), (1, 1024, 10, 1)),
-    (PLAIN, (4096, 4097), FP32, {}, (1, 1024, 5, 1), (1, 1024, 5, 1)),
-    (PLAIN, (4096, 4098), BF16, {}, (2, 1024, 3, 1), (2, 1024, 3, 1)),  # 4-byte vectors
-    (PLAIN, (4096, 4098), BF16, {"arch": "sm_80", "sm_count": 108}, (2, 1024, 3, 1), (2, 1024, 3, 1)),
-    (CAUSAL, (2, 4, 333, 333), BF16, {}, (1, 128, 3, 1), (1, 128, 3, 1)),
-    (ALIGNED, (2, 4, 64, 1001), FP16, {}, (1, 256, 4, 1), (1, 256, 4, 1)),
+    (PLAIN, (4096, 12345), BF16, {}, (1, 256, 49, 1), (1, 256, 49, 1)),
+    (PLAIN, (8192, 4097), BF16, {}, (1, 128, 33, 2), (1, 128, 33, 1)),
+    (PLAIN, (1000, 9999), FP16, {}, (1, 256, 40, 1), (1, 256, 40, 1)),
+    (PLAIN, (4096, 4097), FP32, {}, (1, 128, 33, 1), (1, 128, 33, 1)),
+    (PLAIN, (4096, 4098), BF16, {}, (2, 64, 33, 2), (2, 64, 33, 1)),  # 4-byte vectors
+    (PLAIN, (4096, 4098), BF16, {"arch": "sm_80", "sm_count": 108}, (2, 64, 33, 2), (2, 64, 33, 1)),
+    (PLAIN, (16384, 1001), BF16, {}, (1, 16, 63, 16), None),  # packed short rows: backward in registers
+    (PLAIN, (2048, 25001), BF16, {}, (1, 256, 98, 1), None),  # one backward CTA an SM
+    (CAUSAL, (2, 4, 333, 333), BF16, {}, (1, 8, 42, 32), None),
+    (ALIGNED, (8, 4, 64, 1001), FP16, {}, (1, 16, 63, 16), None),
 ]
 
 
@@ -53,6 +56,11 @@ def test_odd_rows_take_flat_rows(op, shape, dtype, kw, fwd, bwd):
     for phase, want, tensors in (("forward", fwd, 1), ("backward", bwd, 2)):
         p = e[phase]
         k = p["knobs"]
+        if want is None:
+            assert p["design"] != "flat_row", p
+            cand = next(c for c in p["candidates"] if c["design"] == "flat_row")
+            assert not cand["feasible"], cand
+            continue
         assert p["design"] == "flat_row" and not p["forced"], p
         assert (k["vec"], k["threads_per_row"], k["vecs_per_thread"], k["rows_per_cta"]) == want, k
         assert k["vec"] * dtype.itemsize < 16 and shape[-1] % k["vec"] == 0
@@ -86,7 +94,7 @@ def test_flat_rows_declined(op, shape, dtype, kw):
 
 def test_few_rows_take_flat_rows_only_forced():
     """At most one row per SM: few_rows serves every key length, so a decode loop compiles a handful of
-    kernels; forced, flat_row runs them too (one row: 64 rows of 2 threads a CTA)."""
+    kernels; forced, flat_row runs them too (one row: 128 rows of 2 threads a CTA)."""
     e = explain(PLAIN, (1, 3))
     assert e["forward"]["design"] == e["backward"]["design"] == "few_rows", e
     with _tuning.softmax_override(design="flat_row"):
@@ -94,7 +102,7 @@ def test_few_rows_take_flat_rows_only_forced():
         for phase in ("forward", "backward"):
             k = e[phase]["knobs"]
             assert e[phase]["design"] == "flat_row" and e[phase]["forced"], e[phase]
-            assert (k["vec"], k["threads_per_row"], k["vecs_per_thread"], k["rows_per_cta"]) == (1, 2, 2, 64), k
+            assert (k["vec"], k["threads_per_row"], k["vecs_per_thread"], k["rows_per_cta"]) == (1, 2, 2, 128), k
 
 
 def test_ring_limits_the_row_per_direction():
@@ -108,20 +116,25 @@ def test_ring_limits_the_row_per_direction():
 
 
 def test_short_rows_pack_within_the_stage_budget():
-    """Short rows share 128-thread CTAs (at least 2 threads a row) while a stage buffer stays within 32 KB."""
+    """Short rows share 256-thread CTAs (at least 2 threads a row) while a stage buffer stays within 32 KB."""
     with _tuning.softmax_override(design="flat_row"):
         k = explain(PLAIN, (65536, 99))["forward"]["knobs"]
-        assert (k["threads_per_row"], k["rows_per_cta"]) == (32, 4), k
+        assert (k["threads_per_row"], k["rows_per_cta"]) == (2, 128), k
+        k = explain(PLAIN, (65536, 999))["forward"]["knobs"]
+        assert (k["threads_per_row"], k["rows_per_cta"]) == (16, 16), k
         k = explain(PLAIN, (65536, 7))["forward"]["knobs"]
-        assert (k["threads_per_row"], k["rows_per_cta"], k["vecs_per_thread"]) == (2, 64, 4), k
+        assert (k["threads_per_row"], k["rows_per_cta"], k["vecs_per_thread"]) == (2, 128, 4), k
+        k = explain(PLAIN, (65536, 999))["backward"]["knobs"]  # y and dy: half the rows
+        assert (k["threads_per_row"], k["rows_per_cta"]) == (16, 8), k
         k = explain(PLAIN, (65536, 7), FP32)["forward"]["knobs"]
         assert k["rows_per_cta"] * 7 * 4 <= 32 << 10 and k["min_blocks"] * k["smem_bytes"] <= 227 << 10, k
 
 
 def test_flat_rows_beat_narrow_designs_in_the_model():
     """Where flat_row is feasible it is cheaper than every design at narrower than 16-byte accesses."""
-    for shape in ((4096, 12345), (8192, 4097), (640, 1001)):
-        for phase in ("forward", "backward"):
+    for shape, phases in (((4096, 12345), ("forward", "backward")), ((8192, 4097), ("forward", "backward")),
+                          ((16384, 1001), ("forward",))):  # fmt: skip
+        for phase in phases:
             cands = {c["design"]: c for c in explain(PLAIN, shape)[phase]["candidates"] if c["feasible"]}
             flat = cands.pop("flat_row")["cost"]
             assert cands and all(flat["ns"] < c["cost"]["ns"] for c in cands.values()), (shape, phase)

@@ -65,15 +65,16 @@ PLANS = [
     ("scaled_softmax", (4, 32, 1024, 1024), FP32, None, {}, "backward", "rows", (256, 1, 1, 1), 4 * 32 * 1024),
     ("scaled_softmax", (4, 32, 4096, 4096), BF16, None, {}, "backward", "rows", (256, 2, 1, 1), 4 * 32 * 4096),
     ("scaled_softmax", (4, 32, 8192, 8192), BF16, None, {}, "backward", "rows", (256, 4, 1, 1), 4 * 32 * 8192),
-    # Rows of 2002 bytes allow no 16-byte access: staged through shared memory in 16-byte pieces.
-    ("scaled_softmax", (4, 32, 1001, 1001), BF16, None, {}, "backward", "flat_row", (256, 4, 1, 1), "occupancy"),
+    # Rows of 2002 bytes allow no 16-byte access; short ones keep register rows backward (flat forward).
+    ("scaled_softmax", (4, 32, 1001, 1001), BF16, None, {}, "backward", "rows", (128, 8, 2, 1), 4 * 32 * 1001 // 2),
+    ("scaled_softmax", (4, 32, 1001, 1001), BF16, None, {}, "forward", "flat_row", (16, 63, 16, 1), "occupancy"),
     # Many rows that one CTA would hold alone on its SM: split over a cluster so that 4 CTAs share it.
     ("scaled_softmax", (1024, 65536), BF16, None, {}, "forward", "cluster_rows", (256, 8, 1, 4), 1024 * 4),
     ("scaled_softmax", (1024, 65536), BF16, None, {}, "backward", "cluster_rows", (256, 4, 1, 8), 1024 * 8),
     ("scaled_softmax", (1024, 65536), BF16, None, {"arch": "sm_80"}, "forward", "rows", (1024, 8, 1, 1), 1024),
     ("scaled_softmax", (2048, 32768), BF16, None, {}, "forward", "rows", (512, 8, 1, 1), 2048),
     # ... only rows of 16-byte accesses: narrower ones take flat rows (before them they streamed).
-    ("scaled_softmax", (4096, 12345), BF16, None, {}, "forward", "flat_row", (1024, 13, 1, 1), "occupancy"),
+    ("scaled_softmax", (4096, 12345), BF16, None, {}, "forward", "flat_row", (256, 49, 1, 1), "occupancy"),
     # Causal rows keep the forward's shape backward: 16 registers of y and dy, 256-thread CTAs.
     (CAUSAL, (4, 32, 1024, 1024), BF16, None, {}, "backward", "rows", (32, 4, 8, 1), 4 * 32 * 1024 // 8),
     (ALIGNED, (4, 32, 2048, 2048), BF16, None, {}, "backward", "rows", (128, 2, 2, 1), 4 * 32 * 2048 // 2),

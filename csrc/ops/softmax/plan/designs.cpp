@@ -251,12 +251,9 @@ bool flat_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Softmax
   if (p.kernel_kind() == kSoftmaxMasked) return fail(why, "takes no mask");
   if (p.cols * esize % 16 == 0) return fail(why, "rows of whole 16-byte pieces take 16-byte accesses already");
   const int vec = widest_vec(p.dtype, 16, p.cols);
-  // Unless forced: rows the other designs read in accesses of 4 bytes or
-  // more keep them (the norms measured register rows ahead of flat rows
-  // there); at most one row per SM leaves the ring nothing to overlap, and
-  // a decode loop would compile a kernel per key length (few_rows and
-  // cluster_rows serve every length with a handful).
-  if (!ov.forced && vec * esize >= 4) return fail(why, "rows read 4 bytes an access or more take the register designs");
+  // Unless forced: at most one row per SM leaves the ring nothing to
+  // overlap, and a decode loop would compile a kernel per key length
+  // (few_rows and cluster_rows serve every length with a handful).
   if (!ov.forced && p.arch.sm_count > 0 && p.rows <= p.arch.sm_count) return fail(why, "needs more rows than SMs");
   const int64_t limit = p.arch.smem_bytes - kFlatScratch;
   const auto ring = [&](int64_t r) {
@@ -267,13 +264,20 @@ bool flat_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Softmax
   const int64_t tpr = std::clamp<int64_t>(pow2_ceil(ceil_div(p.cols / vec, kFlatVecs)), 2, kFlatCta);
   int64_t rows = std::max<int64_t>(1, kFlatCta / tpr);
   while (rows > 1 && (rows * p.cols * esize * tensors > kFlatStageBytes || ring(rows) > limit)) rows /= 2;
+  // Launch bounds: as many CTAs as kFlatRegs registers a thread and shared memory allow.
+  const int64_t fit = std::max<int64_t>(1, p.arch.smem_bytes / ring(rows));
+  const int64_t by_regs = 65536 / (kFlatRegs * tpr * rows);
+  // Unless forced, a backward stage holds one row and the SM two CTAs: its
+  // two passes over y and dy then have the threads to hide shared memory's
+  // latency. Packed short rows (1001 wide: 16 threads a row) and a CTA alone
+  // on its SM (25001 wide) ran 10-23% behind the register designs (H200,
+  // docs/history.md entry 95).
+  if (!ov.forced && p.backward && (rows > 1 || std::min(by_regs, fit) < 2))
+    return fail(why, "a backward stage of packed rows, or one CTA an SM, leaves too few threads a row");
   k->vec = vec;
   k->threads_per_row = static_cast<int>(tpr);
   k->vecs_per_thread = static_cast<int>(ceil_div(p.cols / vec, tpr));
   k->rows_per_cta = static_cast<int>(rows);
-  // Launch bounds: as many CTAs as kFlatRegs registers a thread and shared memory allow.
-  const int64_t fit = std::max<int64_t>(1, p.arch.smem_bytes / ring(rows));
-  const int64_t by_regs = 65536 / (kFlatRegs * tpr * rows);
   k->min_blocks = static_cast<int>(std::clamp<int64_t>(std::min(by_regs, fit), 1, 32));
   k->ctas_per_sm = static_cast<int>(ov.has(SoftmaxKnob::kCtasPerSm) ? ov.get(SoftmaxKnob::kCtasPerSm) : 0);
   k->stream_store = ov.has(SoftmaxKnob::kStreamStore) && ov.get(SoftmaxKnob::kStreamStore) != 0;
