@@ -271,7 +271,7 @@ bool flat_shape(const SoftmaxProblem& p, const SoftmaxKnobOverrides& ov, Softmax
   // two passes over y and dy then have the threads to hide shared memory's
   // latency. Packed short rows (1001 wide: 16 threads a row) and a CTA alone
   // on its SM (25001 wide) ran 10-23% behind the register designs (H200,
-  // docs/history.md entry 95).
+  // docs/history.md entry 94).
   if (!ov.forced && p.backward && (rows > 1 || std::min(by_regs, fit) < 2))
     return fail(why, "a backward stage of packed rows, or one CTA an SM, leaves too few threads a row");
   k->vec = vec;
