@@ -141,3 +141,20 @@ def test_launch_bounds_leave_rows_their_registers(op, shape, dtype, kw, phase, b
     (``reg_headroom=1``; for the 131072-wide rows ``bwd_cluster=8``)."""
     r = reports(op, shape, dtype, **kw)[phase]
     assert r["spill_stores"] <= FIXED_SPILL_BUDGET < before, r
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "per_tensor"])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape", [(4096, 9999), (38177, 1973), (13247, 1573), (1946, 2705)])
+def test_one_element_quantized_rows_keep_no_stack(shape, op, recipe):
+    """One-element rows of a block recipe split each block's scale over its
+    lanes; the butterfly's amax array stays in registers (a 64-128 byte stack
+    frame before docs/history.md entry 94), and no planned odd-width kernel
+    of these shapes spills."""
+    qdtype = torch.float4_e2m1fn_x2 if recipe == "nvfp4" else torch.float8_e4m3fn
+    layout = "plain" if recipe == "per_tensor" else "blocked"
+    plan = rtcnorm.explain(op, shape, BF16, device="cpu", arch="sm_90", resources=True, quant=recipe,
+                           quant_dtype=qdtype, scale_layout=layout)  # fmt: skip
+    assert plan["vec"] == 1, plan["kernel"]
+    r = plan["ptxas"]
+    assert r["stack_frame"] == 0 and r["spill_stores"] == 0 and r["spill_loads"] == 0, (plan["kernel"], r)
