@@ -1,6 +1,7 @@
 // The softmax forward kernel (see softmax.cuh for the layout and invariants).
 #pragma once
 
+#include "softmax/fold.cuh"
 #include "softmax/rows.cuh"
 
 namespace rtcnorm {
@@ -14,8 +15,13 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   constexpr bool kReuse = CACHED && kHeadsInner && (OPTS & kSoftmaxMaskReuse) != 0;
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr bool kL1 = (OPTS & kSoftmaxL1Alloc) != 0;
-  constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   constexpr int kCl = 1 << ((OPTS & kSoftmaxClusterBits) >> kSoftmaxClusterShift);
+  // Cached plain and masked rows fold the scale's sign and the mask into x
+  // once (softmax/fold.cuh); their passes then take plain logits (kLogits).
+  // Streamed chunks keep the mask bits: folding them twice spilled.
+  constexpr bool kFold = CACHED && KIND != kSoftmaxCausal;
+  constexpr int kLogits = kFold ? kSoftmaxPlain : KIND;
+  constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
   static_assert(kCl == 1 || (CACHED && ROWS == 1 && !kReuse),
                 "a cluster splits cached rows of one CTA each, one row block at a time");
@@ -30,7 +36,8 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   const int nvec = p.cols / VEC;
-  const float s2 = p.scale_log2;
+  const FoldScale fs = fold_scale(p.scale_log2);
+  const float s2 = kFold ? fs.s2e : p.scale_log2;
 
   auto row_at = [&](int rb) {
     return softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal, kHeadsInner>(rb, p.sq, p.rows, p.cols, p.diag, &p.inner,
@@ -56,6 +63,25 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     }
   };
   auto bits = [](const unsigned(&mw)[kMaskWords], int i) { return mw[i * VEC / 32] >> (i * VEC % 32); };
+  // Folds the loaded vectors of chunk c (see kFold) and returns their row max
+  // logit; rows of other kinds return -inf and keep x as loaded.
+  auto fold_chunk = [&](const SoftmaxRow& r, int c, PT(&xv)[NV], const unsigned(&mw)[kMaskWords]) {
+    RawMax<T, VEC> mx;
+    if constexpr (kFold) {
+      if (fs.adjust) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+          if (vidx(c, i) < r.nload) fold_adjust(xv[i], fs);
+      }
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (vidx(c, i) >= r.nload) continue;
+        if constexpr (KIND == kSoftmaxMasked) fold_mask(xv[i], bits(mw, i));
+        mx.add(xv[i]);
+      }
+    }
+    return kFold ? mx.logit(s2) : neg_inf();
+  };
   // Where row r's x, mask and y start, and how many vectors of y it writes
   // (none for a row past the end).
   struct RowOffsets {
@@ -76,15 +102,17 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     const auto [xoff, moff, yoff, nstore] = offsets(r);
     PT xv[NV];
     load_chunk(r, xoff, moff, 0, xv, mw, with_mask);
-    float m = neg_inf();
+    float m = fold_chunk(r, 0, xv, mw);
+    if constexpr (!kFold) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int v = vidx(0, i);
-      if (v >= r.nload) continue;
-      float z[VEC];
-      logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, 0.f, z);
+      for (int i = 0; i < NV; ++i) {
+        const int v = vidx(0, i);
+        if (v >= r.nload) continue;
+        float z[VEC];
+        logits<KIND, T, VEC>(xv[i], 0u, v * VEC, r.len, s2, 0.f, z);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
+        for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
+      }
     }
     const float base = exp_base(m);
     float e[kKeepExp ? NV : 1][VEC];
@@ -94,7 +122,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
       const int v = vidx(0, i);
       if (v >= r.nload) continue;
       float z[VEC];
-      logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, z);
+      logits<kLogits, T, VEC>(xv[i], 0u, v * VEC, r.len, s2, base, z);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float t = fast_exp2(z[j]);
@@ -116,7 +144,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
 #pragma unroll
           for (int j = 0; j < VEC; ++j) t[j] = e[i][j];
         } else {
-          logits<KIND, T, VEC>(xv[i], bits(mw, i), v * VEC, r.len, s2, base, t);
+          logits<kLogits, T, VEC>(xv[i], 0u, v * VEC, r.len, s2, base, t);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) t[j] = fast_exp2(t[j]);
         }
