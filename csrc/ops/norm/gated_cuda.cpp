@@ -54,6 +54,10 @@ constexpr int kFwdMaxElems = 64, kBwdMaxElems = 32;
 constexpr int kFwdTargetVecs = 2, kBwdTargetVecs = 4;
 // Threads a CTA has at least (whole warps, row slots added to reach them).
 constexpr int kMinThreads = 128;
+// Registers a thread of a one-segment row takes (ptxas, bf16, sm_90:
+// forward 40-44, backward 104-135), and an SM's threads and registers: how
+// many CTAs of a launch shape an SM holds.
+constexpr int64_t kFwdRegs = 40, kBwdRegs = 128, kSmThreads = 2048, kSmRegs = 65536;
 // The backward's row slots sum their dW through ROWS x N floats of static
 // shared memory: at most 32 KB.
 constexpr int64_t kMaxCombineFloats = 8192;
@@ -102,11 +106,18 @@ std::optional<jit::KernelKey> gated_key(const GatedProblem& p, bool backward, bo
   while ((tpr < min_tpr || ceil_div(sv, tpr) > target) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
   if (tpr < min_tpr) return std::nullopt;
   // One segment of at least kMinThreads: the fewest whole warps that keep
-  // `target` vectors a thread (5120 wide: 320 forward threads, not 512 with
-  // 128 of them idle on the second vector; 1.12-1.55x on H200). Narrower
-  // rows keep a power of two: two slots of three warps ran 5-8% slower than
-  // one of four (docs/history.md entry 94).
-  if (s == 1) tpr = std::min(tpr, std::max<int64_t>(kMinThreads, ceil_div(ceil_div(sv, target), 32) * 32));
+  // `target` vectors a thread, where that fits more CTAs (rows) an SM than
+  // the power of two. 5120 wide: 320 forward threads, 4 CTAs an SM instead of
+  // 3 at 512 (1.12-1.55x on H200). Where both fit as many (6256 and 6912
+  // wide), the power of two's extra warps ran 1-5% faster. Narrower rows keep
+  // a power of two: two slots of three warps ran 5-8% slower than one of four
+  // (docs/history.md entries 94-95).
+  if (s == 1) {
+    const int64_t whole = std::max<int64_t>(kMinThreads, ceil_div(ceil_div(sv, target), 32) * 32);
+    const int64_t regs = backward ? kBwdRegs : kFwdRegs;
+    const auto ctas = [regs](int64_t t) { return std::min(kSmThreads / t, kSmRegs / (regs * t)); };
+    if (whole < tpr && ctas(whole) > ctas(tpr)) tpr = whole;
+  }
   if (quant::per_token(recipe)) {
     const auto lane_group = [s](int64_t t) { return t * s % 32 == 0 || (t * s < 32 && (t * s & (t * s - 1)) == 0); };
     while (!lane_group(tpr) && tpr * 2 * s <= kMaxThreads) tpr *= 2;
