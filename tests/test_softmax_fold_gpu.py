@@ -1,10 +1,11 @@
-"""Folded logits of the plain and masked softmax forward (marked ``gpu``).
+"""Folded logits of the cached softmax forward (marked ``gpu``).
 
 Cached rows rewrite x once: the scale's sign moves into x, masked elements
-become -inf, and the max pass compares raw values (softmax/fold.cuh). These
-tests hold every cached design to the reference for scales of both signs and
-zero, and check that non-finite values keep torch's semantics: ignored where
-masked, NaN rows where ``x * scale`` is NaN or +inf meets +inf.
+and keys past a causal diagonal become -inf, and the max pass compares raw
+values (softmax/fold.cuh). These tests hold every cached design to the
+reference for scales of both signs and zero, and check that non-finite values
+keep torch's semantics: ignored where masked, NaN rows where ``x * scale`` is
+NaN or +inf meets +inf.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def forced(op, design, shape, dtype, mask_shape, knobs):
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("design", sorted(CASES))
-@pytest.mark.parametrize("op", ["scaled_softmax", "scaled_masked_softmax"])
+@pytest.mark.parametrize("op", ["scaled_softmax", "scaled_masked_softmax", "scaled_aligned_causal_masked_softmax"])
 def test_gpu_scales_of_every_sign(op, design, dtype, scale):
     shape, mask_shape, knobs = CASES[design]
     masked = op == "scaled_masked_softmax"
@@ -56,6 +57,13 @@ def test_gpu_scales_of_every_sign(op, design, dtype, scale):
         mask[..., 1, :] = True  # a fully masked row
     with forced(op, design, shape, dtype, mask_shape if masked else None, knobs):
         check_op(op, x, mask, scale=scale)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("sk", [130, 1000, 4099])  # diagonals inside every vector position
+def test_gpu_causal_scales_of_every_sign(sk, scale):
+    x = random_input((1, 2, sk, sk), torch.bfloat16, "cuda", seed=sk)
+    check_op("scaled_upper_triang_masked_softmax", x, None, scale=scale)
 
 
 def nan_rows(y: torch.Tensor) -> torch.Tensor:

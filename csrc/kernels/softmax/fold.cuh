@@ -1,4 +1,4 @@
-// Folded logits for the plain and masked forward: each loaded vector of x is
+// Folded logits for the cached forward rows: each loaded vector of x is
 // rewritten once, in registers, so that every pass reads it as plain scaled
 // logits and the max pass compares raw values.
 //
@@ -7,8 +7,9 @@
 //   the passes then use s2e = |s2| (1 for s2 == 0), always > 0. Rounding to
 //   nearest is symmetric, so fma(x', s2e, c) == fma(x, s2, c) bit for bit,
 //   NaN and infinities included.
-// - A masked element becomes -inf; fma(-inf, s2e, c) == -inf for any finite c
-//   (exp_base keeps c finite), exactly the -inf the unfolded logits give it.
+// - A masked element, or a key past a causal row's diagonal, becomes -inf;
+//   fma(-inf, s2e, c) == -inf for any finite c (exp_base keeps c finite),
+//   exactly the -inf the unfolded logits give it.
 // - With s2e > 0, rounding is monotonic: max(x') * s2e == max(fma(x', s2e, -0))
 //   for the same elements, so the row max is that of the unfolded logits.
 //   max.{bf16,f16}x2 ignores a NaN beside a number, as fmaxf does.

@@ -16,11 +16,10 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr bool kL1 = (OPTS & kSoftmaxL1Alloc) != 0;
   constexpr int kCl = 1 << ((OPTS & kSoftmaxClusterBits) >> kSoftmaxClusterShift);
-  // Cached plain and masked rows fold the scale's sign and the mask into x
-  // once (softmax/fold.cuh); their passes then take plain logits (kLogits).
+  // Cached rows fold the scale's sign, the mask and the causal diagonal into
+  // x once (softmax/fold.cuh); their passes then take plain logits (kLogits).
   // Streamed chunks keep the mask bits: folding them twice spilled.
-  constexpr bool kFold = CACHED && KIND != kSoftmaxCausal;
-  constexpr int kLogits = kFold ? kSoftmaxPlain : KIND;
+  constexpr int kLogits = CACHED ? kSoftmaxPlain : KIND;
   constexpr int kMaskWords = KIND == kSoftmaxMasked ? (NV * VEC + 31) / 32 : 1;
   static_assert(CACHED || ROWS == 1, "streamed rows take a whole CTA");
   static_assert(kCl == 1 || (CACHED && ROWS == 1 && !kReuse),
@@ -37,7 +36,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
   T* y = static_cast<T*>(p.y);
   const int nvec = p.cols / VEC;
   const FoldScale fs = fold_scale(p.scale_log2);
-  const float s2 = kFold ? fs.s2e : p.scale_log2;
+  const float s2 = CACHED ? fs.s2e : p.scale_log2;
 
   auto row_at = [&](int rb) {
     return softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal, kHeadsInner>(rb, p.sq, p.rows, p.cols, p.diag, &p.inner,
@@ -63,24 +62,26 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     }
   };
   auto bits = [](const unsigned(&mw)[kMaskWords], int i) { return mw[i * VEC / 32] >> (i * VEC % 32); };
-  // Folds the loaded vectors of chunk c (see kFold) and returns their row max
-  // logit; rows of other kinds return -inf and keep x as loaded.
-  auto fold_chunk = [&](const SoftmaxRow& r, int c, PT(&xv)[NV], const unsigned(&mw)[kMaskWords]) {
-    RawMax<T, VEC> mx;
-    if constexpr (kFold) {
-      if (fs.adjust) {
+  // Folds the loaded vectors of a cached row (see kLogits) and returns the
+  // row's max logit.
+  auto fold_row = [&](const SoftmaxRow& r, PT(&xv)[NV], const unsigned(&mw)[kMaskWords]) {
+    if (fs.adjust) {
 #pragma unroll
-        for (int i = 0; i < NV; ++i)
-          if (vidx(c, i) < r.nload) fold_adjust(xv[i], fs);
-      }
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        if (vidx(c, i) >= r.nload) continue;
-        if constexpr (KIND == kSoftmaxMasked) fold_mask(xv[i], bits(mw, i));
-        mx.add(xv[i]);
-      }
+      for (int i = 0; i < NV; ++i)
+        if (vidx(0, i) < r.nload) fold_adjust(xv[i], fs);
     }
-    return kFold ? mx.logit(s2) : neg_inf();
+    RawMax<T, VEC> mx;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int v = vidx(0, i);
+      if (v >= r.nload) continue;
+      if constexpr (KIND == kSoftmaxMasked) fold_mask(xv[i], bits(mw, i));
+      // Only the vector holding a causal row's last visible key reaches past it.
+      if constexpr (KIND == kSoftmaxCausal)
+        if ((v + 1) * VEC > r.len) fold_mask(xv[i], ~0u << (r.len - v * VEC));
+      mx.add(xv[i]);
+    }
+    return mx.logit(s2);
   };
   // Where row r's x, mask and y start, and how many vectors of y it writes
   // (none for a row past the end).
@@ -102,18 +103,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd(const SoftmaxFwdP
     const auto [xoff, moff, yoff, nstore] = offsets(r);
     PT xv[NV];
     load_chunk(r, xoff, moff, 0, xv, mw, with_mask);
-    float m = fold_chunk(r, 0, xv, mw);
-    if constexpr (!kFold) {
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = vidx(0, i);
-        if (v >= r.nload) continue;
-        float z[VEC];
-        logits<KIND, T, VEC>(xv[i], 0u, v * VEC, r.len, s2, 0.f, z);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
-      }
-    }
+    const float m = fold_row(r, xv, mw);
     const float base = exp_base(m);
     float e[kKeepExp ? NV : 1][VEC];
     float s = 0.f;
