@@ -10,7 +10,8 @@ when any plan differs. The sweep: sk 1..1100, every 7th to 4096, powers of
 two and their neighbours, a geometric sweep of odd sk to 262144; 44 row
 counts from 1 to 2^20; 3 dtypes; sm_80/90/100 with and without an SM count;
 every variant (masks broadcast over 2..32 rows, causal with one and more
-queries); aligned and unaligned vectors.
+queries); aligned and unaligned vectors; row tensors as one flat array or
+not (flat_row).
 """
 
 from __future__ import annotations

@@ -26,13 +26,23 @@ using namespace rtcnorm;
 
 namespace {
 
-// variant: 0 plain, 1 masked, 2 causal, 3 aligned causal.
+// variant: 0 plain, 1 masked, 2 causal, 3 aligned causal. flat: the row
+// tensors are one contiguous array from a 16-byte aligned base.
 struct Desc {
   jit::DType dtype;
   int64_t rows, cols, sq, bcast;
   int max_vec, variant, arch, sms;
-  bool backward;
+  bool backward, flat;
 };
+
+// Sets the problem's `flat` where its planner has one (trees before flat_row
+// have none, and plan every problem as not flat).
+template <typename P>
+auto set_flat(P& p, bool flat, int) -> decltype(p.flat = flat, void()) {
+  p.flat = flat;
+}
+template <typename P>
+void set_flat(P&, bool, long) {}
 
 struct Out {
   jit::KernelKey key;
@@ -66,6 +76,7 @@ Out plan_of(const Desc& d) {
   p.max_vec = d.max_vec;
   p.mask_bcast = d.bcast > 1 ? d.bcast : 1;
   p.arch = SoftmaxArch(d.arch, d.sms);
+  set_flat(p, d.flat, 0);
   const SoftmaxPlan plan = plan_softmax(p);
 #endif
   return {plan.key, plan.cached, plan.persistent, plan.ctas_per_sm, plan.reuse_splits, plan.row_blocks};
@@ -74,10 +85,11 @@ Out plan_of(const Desc& d) {
 int line(char* buf, size_t n, const Desc& d, const Out& o) {
   const jit::KernelKey& k = o.key;
   return std::snprintf(buf, n,
-                       "p=%d/%lld/%lld/sq%lld/b%lld/v%d/k%d/a%d/s%d/%s key=%s,%d,%d,%d,%d,%d,%u,%d,%d,%d "
+                       "p=%d/%lld/%lld/sq%lld/b%lld/v%d/k%d/a%d/s%d/%s/f%d key=%s,%d,%d,%d,%d,%d,%u,%d,%d,%d "
                        "cached=%d persistent=%d ctas_per_sm=%d reuse_splits=%d row_blocks=%lld\n",
                        int(d.dtype), (long long)d.rows, (long long)d.cols, (long long)d.sq, (long long)d.bcast,
-                       d.max_vec, d.variant, d.arch, d.sms, d.backward ? "bwd" : "fwd", k.family->name, int(k.dtype),
+                       d.max_vec, d.variant, d.arch, d.sms, d.backward ? "bwd" : "fwd", int(d.flat), k.family->name,
+                       int(k.dtype),
                        k.hidden, k.vec, k.threads_per_row, k.rows_per_cta, k.flags, k.vecs_per_thread, k.variant,
                        k.cluster, int(o.cached), int(o.persistent), o.ctas_per_sm, o.reuse_splits,
                        (long long)o.row_blocks);
@@ -118,11 +130,12 @@ void for_group(jit::DType dt, int64_t cols, F&& f) {
   for (int64_t rows : kRows)
     for (const V& v : kVariants)
       for (const auto& as : kArchSms)
-        for (int max_vec : {16, 2, 1}) {
-          if (max_vec == 2 && cols % 2 != 0) continue;  // the same plan as max_vec 1
-          Desc d{dt, rows, cols, v.sq, v.bcast, max_vec, v.variant, as[0], as[1], v.backward};
-          f(d, plan_of(d));
-        }
+        for (int max_vec : {16, 2, 1})
+          for (bool flat : {true, false}) {
+            if (max_vec == 2 && cols % 2 != 0) continue;  // the same plan as max_vec 1
+            Desc d{dt, rows, cols, v.sq, v.bcast, max_vec, v.variant, as[0], as[1], v.backward, flat};
+            f(d, plan_of(d));
+          }
 }
 
 }  // namespace
