@@ -158,3 +158,28 @@ def test_one_element_quantized_rows_keep_no_stack(shape, op, recipe):
     assert plan["vec"] == 1, plan["kernel"]
     r = plan["ptxas"]
     assert r["stack_frame"] == 0 and r["spill_stores"] == 0 and r["spill_loads"] == 0, (plan["kernel"], r)
+
+
+SOFTMAX_OPS = {
+    "masked": "scaled_masked_softmax",
+    "causal": "scaled_upper_triang_masked_softmax",
+    "aligned_causal": "scaled_aligned_causal_masked_softmax",
+}
+SOFTMAX_CASES = [(SOFTMAX_OPS[k], tuple(s)) for k, group in SHAPES["softmax"].items() for s in group] + [
+    ("scaled_softmax", (1, 1, (1 << 26) // n, n)) for n in (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+]
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32], ids=["bf16", "fp16", "fp32"])
+def test_standard_softmax_forwards_keep_no_stack(dtype):
+    """The cached forward folds its logits in registers once (softmax/fold.cuh):
+    every standard softmax shape's forward still compiles without a stack frame."""
+    over = []
+    for op, shape in SOFTMAX_CASES:
+        mask_shape = (shape[0], 1, *shape[2:]) if op == "scaled_masked_softmax" else None
+        plan = softmax.explain(op, shape, dtype, mask_shape=mask_shape, resources=True)["forward"]
+        r = plan["ptxas"]
+        assert r["target"] == "sm_90", r
+        if r["spill_stores"] or r["stack_frame"]:
+            over.append(f"{op} {shape} {plan['design']}: {r}")
+    assert not over, "softmax forwards with a stack frame:\n" + "\n".join(over)
