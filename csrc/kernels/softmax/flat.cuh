@@ -28,12 +28,24 @@
 
 namespace rtcnorm {
 
+// f(v) for a lane's vectors of a pass over a staged row: v = i * TPR + lane
+// for i < NV, those below `count`, in that order (the register rows' order).
+// UNROLL: more keeps loads in flight past the register budget.
+template <int NV, int TPR, typename F>
+__device__ __forceinline__ void each_vector(int lane, int count, F&& f) {
+  constexpr int kUnroll = NV < 4 ? NV : 4;
+#pragma unroll(kUnroll)
+  for (int i = 0; i < NV; ++i) {
+    const int v = i * TPR + lane;
+    if (v < count) f(v);
+  }
+}
+
 template <typename T, int N, int VEC, int TPR, int ROWS, int KIND, int MINB, unsigned OPTS>
 __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd_flat(const SoftmaxFwdParams p) {
   using PT = Pack<T, VEC>;
   constexpr int kVecs = N / VEC;
   constexpr int kNv = (kVecs + TPR - 1) / TPR;  // vectors a thread takes per pass
-  constexpr int kUnroll = kNv < 4 ? kNv : 4;    // more keeps loads in flight past the register budget
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr int kBuf = flat_buffer_elems(ROWS, N, sizeof(T));
   static_assert(N % VEC == 0, "a row is whole vectors");
@@ -50,32 +62,22 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd_flat(const Softma
         softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal>(static_cast<int>(rb), p.sq, p.rows, N, p.diag);
     PT* const xs = reinterpret_cast<PT*>(stage + (b.begin - b.first) + (threadIdx.x / TPR) * N);
     float m = neg_inf();
-#pragma unroll(kUnroll)
-    for (int i = 0; i < kNv; ++i) {
-      const int v = i * TPR + lane;
-      if (v >= r.nload) continue;
+    each_vector<kNv, TPR>(lane, r.nload, [&](int v) {
       float z[VEC];
       logits<KIND, T, VEC>(xs[v], 0u, v * VEC, r.len, s2, 0.f, z);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) m = fmaxf(m, z[j]);
-    }
+    });
     const float base = exp_base(m);
     float s = 0.f;
-#pragma unroll(kUnroll)
-    for (int i = 0; i < kNv; ++i) {
-      const int v = i * TPR + lane;
-      if (v >= r.nload) continue;
+    each_vector<kNv, TPR>(lane, r.nload, [&](int v) {
       float z[VEC];
       logits<KIND, T, VEC>(xs[v], 0u, v * VEC, r.len, s2, base, z);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += fast_exp2(z[j]);
-    }
+    });
     const float f = row_factor(m, group_allreduce<TPR, ROWS>(MaxSum{m, s}, scratch));
-    const int nstore = r.ok ? kVecs : 0;
-#pragma unroll(kUnroll)
-    for (int i = 0; i < kNv; ++i) {
-      const int v = i * TPR + lane;
-      if (v >= nstore) continue;
+    each_vector<kNv, TPR>(lane, r.ok ? kVecs : 0, [&](int v) {
       PT out = zero_pack<T, VEC>();
       if (v < r.nload) {
         float z[VEC];
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd_flat(const Softma
         for (int j = 0; j < VEC; ++j) out.e[j] = from_float<T>(fast_exp2(z[j]) * f);
       }
       xs[v] = out;
-    }
+    });
     __syncthreads();  // the block's y is whole in the stage
     flat_flush<T, kCs>(static_cast<T*>(p.y), stage, b);
   };
@@ -98,7 +100,6 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd_flat(const Softma
   using PT = Pack<T, VEC>;
   constexpr int kVecs = N / VEC;
   constexpr int kNv = (kVecs + TPR - 1) / TPR;
-  constexpr int kUnroll = kNv < 4 ? kNv : 4;
   constexpr bool kCs = (OPTS & kSoftmaxStreamStore) != 0;
   constexpr int kBuf = flat_buffer_elems(ROWS, N, sizeof(T));
   static_assert(N % VEC == 0, "a row is whole vectors");
@@ -117,21 +118,14 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd_flat(const Softma
     // never reaches the sum.
     const auto hidden = [&](int v, int j) { return CAUSAL && v * VEC + j >= r.len; };
     float s = 0.f;
-#pragma unroll(kUnroll)
-    for (int i = 0; i < kNv; ++i) {
-      const int v = i * TPR + lane;
-      if (v >= r.nload) continue;
+    each_vector<kNv, TPR>(lane, r.nload, [&](int v) {
       const PT yv = ys[v], gv = gs[v];
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
         if (!hidden(v, j)) s = fmaf(elem_float(gv, j), elem_float(yv, j), s);
-    }
+    });
     const float dot = group_allreduce<TPR, ROWS>(Sum1{s}, scratch).a;
-    const int nstore = r.ok ? kVecs : 0;
-#pragma unroll(kUnroll)
-    for (int i = 0; i < kNv; ++i) {
-      const int v = i * TPR + lane;
-      if (v >= nstore) continue;
+    each_vector<kNv, TPR>(lane, r.ok ? kVecs : 0, [&](int v) {
       PT out = zero_pack<T, VEC>();
       if (v < r.nload) {
         const PT yv = ys[v], gv = gs[v];
@@ -140,7 +134,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd_flat(const Softma
           if (!hidden(v, j)) out.e[j] = from_float<T>(elem_float(yv, j) * p.scale * (elem_float(gv, j) - dot));
       }
       gs[v] = out;
-    }
+    });
     __syncthreads();  // the block's dx is whole in the stage
     flat_flush<T, kCs>(static_cast<T*>(p.dx), stage + kBuf, b);
   };
