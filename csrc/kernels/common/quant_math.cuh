@@ -14,6 +14,7 @@
 #pragma once
 
 #if defined(__CUDACC_RTC__)
+#include "common/types.cuh"  // byte_perm
 #define RTCNORM_QFN __host__ __device__ __forceinline__
 #else
 #include <cmath>
@@ -147,16 +148,6 @@ RTCNORM_QFN unsigned e2m1_code(float v) {
   const unsigned t = e2m1_grid_bits(c);
   return (bits_of(c) >> 28 & 8u) | ((t & 7u) + (t >> 22) - 254u);
 }
-
-#if defined(__CUDA_ARCH__)
-// Bytes of {b, a} (a: 0-3, b: 4-7) picked by the nibbles of sel; a nibble's
-// bit 3 fills the byte with the picked byte's top bit.
-__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned sel) {
-  unsigned d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-#endif
 
 // The sign bits of K fp32 patterns at bit 4j + 3, as e2m1 nibbles hold them.
 // The device gathers four signs a word in three byte permutes.

@@ -1,4 +1,5 @@
-// Storage types and fp32 conversions for NVRTC-compiled kernels.
+// Storage types, fp32 conversions and the byte permute for NVRTC-compiled
+// kernels.
 //
 // Invariants:
 // - No CUDA header is included: NVRTC gets only the embedded sources, so the
@@ -57,6 +58,14 @@ __device__ __forceinline__ fp16 from_float<fp16>(float v) {
   fp16 r;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
   return r;
+}
+
+// Bytes of {b, a} (a: 0-3, b: 4-7) picked by the nibbles of sel; a nibble's
+// bit 3 fills the byte with the picked byte's top bit.
+__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned sel) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
 }
 
 // Rounds v through the storage type T and back: what a value looks like after

@@ -30,7 +30,7 @@ namespace rtcnorm {
 
 // f(v) for a lane's vectors of a pass over a staged row: v = i * TPR + lane
 // for i < NV, those below `count`, in that order (the register rows' order).
-// UNROLL: more keeps loads in flight past the register budget.
+// Unrolled at most 4 deep: more keeps loads in flight past the register budget.
 template <int NV, int TPR, typename F>
 __device__ __forceinline__ void each_vector(int lane, int count, F&& f) {
   constexpr int kUnroll = NV < 4 ? NV : 4;

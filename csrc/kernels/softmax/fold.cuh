@@ -36,12 +36,6 @@ struct FoldBits {
   static constexpr unsigned kNegInf = sizeof(T) == 4 ? 0xff800000u : is_bf16<T>::value ? 0xff80ff80u : 0xfc00fc00u;
 };
 
-__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned sel) {
-  unsigned d;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(sel));
-  return d;
-}
-
 // Negates (or zeroes) a vector for fold_scale's adjust; uniform across a row.
 template <typename T, int VEC>
 __device__ __forceinline__ void fold_adjust(Pack<T, VEC>& xv, const FoldScale& f) {
@@ -64,7 +58,7 @@ __device__ __forceinline__ void fold_quad(Pack<T, VEC>& xv, int q, unsigned flag
 #pragma unroll
   for (int k = 0; k < 4 / kPer && q * 4 + k * kPer < VEC; ++k) {
     const unsigned sel = kPer == 2 ? (0x9988u + 0x2222u * k) : (0x8888u + 0x1111u * k);
-    const unsigned lm = byte_perm(flags, sel);
+    const unsigned lm = byte_perm(flags, 0u, sel);
     unsigned& x = w[q * 4 / kPer + k];
     x = (x & ~lm) | (FoldBits<T>::kNegInf & lm);
   }
