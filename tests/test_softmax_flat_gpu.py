@@ -13,6 +13,7 @@ import rtcnorm
 import torch
 from rtcnorm import _tuning
 from softmax_reference import (
+    DTYPES,
     assert_backward_close,
     assert_forward_close,
     call,
@@ -30,7 +31,6 @@ pytestmark = [
 PLAIN = "scaled_softmax"
 CAUSAL = "scaled_upper_triang_masked_softmax"
 ALIGNED = "scaled_aligned_causal_masked_softmax"
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _designs(op, x):

@@ -32,15 +32,6 @@ CASES = {
 }
 
 
-def forced(op, design, shape, dtype, mask_shape, knobs):
-    """The override context if `design` takes the problem when forced, else skip."""
-    with _tuning.softmax_override(design=design, **knobs):
-        plan = rtcnorm.softmax.explain(op, shape, dtype, mask_shape=mask_shape)["forward"]
-    if plan["design"] != design:
-        pytest.skip(f"{design} does not take {op} {shape} here")
-    return _tuning.softmax_override(design=design, **knobs)
-
-
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("design", sorted(CASES))
@@ -55,7 +46,10 @@ def test_gpu_scales_of_every_sign(op, design, dtype, scale):
     if masked:
         mask = random_mask(mask_shape, "cuda", seed=31, p=0.4)
         mask[..., 1, :] = True  # a fully masked row
-    with forced(op, design, shape, dtype, mask_shape if masked else None, knobs):
+    with _tuning.softmax_override(design=design, **knobs):
+        plan = rtcnorm.softmax.explain(op, shape, dtype, mask_shape=mask_shape if masked else None)["forward"]
+        if plan["design"] != design:
+            pytest.skip(f"{design} does not take {op} {shape} here")
         check_op(op, x, mask, scale=scale)
 
 
