@@ -22,12 +22,13 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 CASES = [
     ("fwd", "register_row", [(33, 1), (33, 127), (1, 1000), (257, 5120)], False),
     ("fwd", "smem_row", [(33, 1000), (65, 8192), (3, 50000)], False),
-    ("fwd", "sliced_row", [(5, 16384), (70, 24576), (3, 65536)], True),
+    # 130728 and 54920: slices of unequal width (the last is short).
+    ("fwd", "sliced_row", [(5, 16384), (70, 24576), (3, 65536), (13, 130728), (3, 54920)], True),
     ("fwd", "reload_row", [(33, 7), (33, 4096), (2, 99999)], False),
     ("fwd", "flat_row", [(33, 1), (33, 127), (1000, 1973), (257, 9999)], False),
     ("bwd", "register_row", [(33, 1), (257, 127), (300, 1000), (129, 4096)], False),
     ("bwd", "staged_row", [(33, 1024), (300, 4096), (129, 6144)], False),
-    ("bwd", "sliced_row", [(5, 8192), (300, 16384), (3, 65536)], True),
+    ("bwd", "sliced_row", [(5, 8192), (300, 16384), (3, 65536), (13, 130728), (239, 19640)], True),
     ("bwd", "split_row", [(33, 7), (300, 1000), (65, 20000)], False),
     ("bwd", "column_grads", [(2, 7), (33, 1000), (65, 4096)], False),
     ("bwd", "flat_row", [(33, 1), (257, 127), (1000, 1973), (300, 2705), (64, 9999)], False),
@@ -78,6 +79,29 @@ def test_a_forced_design_matches_float64(op, direction, design, m, n, dtype, sm9
     assert_close(grads[1], ref["dw"], what=f"{op} dw", reduce_len=m)
     if b is not None:
         assert_close(grads[2], ref["db"], what=f"{op} db", reduce_len=m)
+
+
+@pytest.mark.parametrize("n,slices", [(130728, 8), (130728, 16), (54920, 8), (19640, 2)])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_unequal_slices_match_float64(op, n, slices, poison):
+    """Rows whose vectors `slices` does not divide: every slice count, the
+    short last slice included, against float64."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("sliced rows need sm_90 (clusters and grid groups)")
+    m, dtype = 5, torch.bfloat16
+    with _tuning.norm_override("fwd", "sliced_row", slices=slices):
+        planned = _planned(op, m, n, dtype, "fwd")
+        assert planned["design"] == "sliced_row" and planned["knobs"]["slices"] == slices
+        assert (n // planned["vec"]) % slices != 0, "the case must split unevenly"
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        w = torch.randn(n, device="cuda", dtype=dtype)
+        b = torch.randn(n, device="cuda", dtype=dtype) if op == "layer_norm" else None
+        poison(4 * m * n * 4)
+        if op == "rms_norm":
+            y, ref = rtcnorm.rms_norm(x, n, w, 1e-6), ref_rms_norm(x, [n], w, 1e-6)
+        else:
+            y, ref = rtcnorm.layer_norm(x, n, w, b, 1e-5), ref_layer_norm(x, [n], w, b, 1e-5)
+    assert_close(y, ref["y"], what=f"{op} y")
 
 
 def test_tune_keeps_the_fastest_plan_and_a_new_process_uses_it(tmp_path, monkeypatch):

@@ -182,10 +182,11 @@ __device__ __forceinline__ Pack<T, VEC> input_grad(const Pack<T, VEC>& xv, const
 // the gradient itself, `out`, in the weight dtype W. Either way each lane
 // stores its VEC contiguous columns as one vector (16-byte pieces): scalar
 // stores would touch VEC sectors per instruction. All threads of the CTA must
-// call it.
+// call it. `vecs`: the vectors of the N columns that exist (a short last
+// slice holds fewer).
 template <int N, int VEC, int TPR, int ROWS, int NV, typename W, bool DIRECT>
-__device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* partial_row, W* out, float* smem) {
-  constexpr int kVecs = N / VEC;
+__device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* partial_row, W* out, float* smem,
+                                                  int vecs = N / VEC) {
   constexpr int kBundles = BwdLayout<TPR, ROWS>::kBundles;
   const int lane = threadIdx.x % TPR;
   if constexpr (TPR < 32) {
@@ -202,7 +203,7 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (v >= kVecs) continue;
+      if (v >= vecs) continue;
       if (kBundles == 1 && DIRECT) {
         store<W, VEC>(out, 1LL * v * VEC, from_floats<W, VEC>(acc[i]));
       } else {
@@ -215,7 +216,7 @@ __device__ __forceinline__ void write_partial_row(float (&acc)[NV][VEC], float* 
   }
   if constexpr (kBundles > 1) {
     __syncthreads();
-    for (int col = threadIdx.x; col < N; col += blockDim.x) {
+    for (int col = threadIdx.x; col < vecs * VEC; col += blockDim.x) {
       float s = smem[col];
 #pragma unroll 4
       for (int b = 1; b < kBundles; ++b) s += smem[b * N + col];

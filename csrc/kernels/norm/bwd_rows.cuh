@@ -64,15 +64,17 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   using PT = Pack<T, VEC>;
   allow_dependents();
   constexpr int kCl = column_cluster_ctas<FLAGS>();
-  constexpr int kSlice = N / kCl;      // columns of this CTA's slice of a row
-  constexpr int kVecs = kSlice / VEC;  // and its vectors
+  constexpr int kNvec = N / VEC;
+  constexpr int kVecs = (kNvec + kCl - 1) / kCl;  // vectors of a slice of a row (the last may hold fewer)
+  constexpr int kSlice = kVecs * VEC;             // and their columns
+  constexpr bool kUneven = kNvec % kCl != 0;
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
   constexpr bool kCached = (FLAGS & kCachedRow) != 0;
   constexpr bool kDw = (FLAGS & kWantDw) != 0;
   constexpr bool kDb = (FLAGS & kWantDb) != 0;
   constexpr bool kDh = (FLAGS & kGradDh) != 0;
-  constexpr bool kEven = kVecs % kChunk == 0;
+  constexpr bool kEven = !kUneven && kVecs % kChunk == 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr bool kStaged = (FLAGS & kStagedRow) != 0;
   constexpr int kStages = 2 + static_cast<int>((FLAGS & kRingExtraBits) >> kRingExtraShift);
@@ -87,7 +89,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr float kInvN = 1.f / static_cast<float>(N);
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(kCached || ROWS == 1, "streamed rows accumulate in global memory: one row per CTA");
-  static_assert(N % (VEC * kCl) == 0, "a cluster splits a row into equal slices of whole vectors");
+  static_assert(N % VEC == 0 && kVecs * (kCl - 1) < kNvec, "every slice of a row holds whole vectors");
+  static_assert(!kUneven || ((FLAGS & (kStagedRow | kPrefetchNext)) == 0),
+                "rings and prefetches cover whole slices: a short last slice takes neither");
   static_assert(kCl == 1 || kCached, "a cluster splits rows it caches in registers");
   static_assert(!kStaged || kCached, "staged rows are cached rows");
   static_assert((FLAGS & kDirectGrads) == 0 || kCached, "only register sums are written as the gradients");
@@ -108,8 +112,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   constexpr bool kFlat = kCl == 1 && flat_lanes<TPR, ROWS>();
   const int lane = kFlat ? threadIdx.x : threadIdx.x % TPR;
   const int group = kFlat ? 0u : threadIdx.x / TPR;
-  const int vbase = cluster_rank<kCl>() * kVecs;  // this CTA's first vector of a row
-  const long long col0 = 1LL * vbase * VEC;       // and first column
+  const int vbase = cluster_rank<kCl>() * kVecs;                 // this CTA's first vector of a row
+  const int vend = kUneven ? min(kVecs, kNvec - vbase) : kVecs;  // and its count
+  const long long col0 = 1LL * vbase * VEC;                      // and first column
   const long long cluster = blockIdx.x / kCl, clusters = gridDim.x / kCl;
   const T* x = static_cast<const T*>(p.x);
   const T* dy = static_cast<const T*>(p.dy);
@@ -146,7 +151,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (kEven || v < kVecs) load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, gk[i]);
+      if (kEven || v < vend) load_gamma<W, VEC, FLAGS>(p.weight, vbase + v, gk[i]);
     }
   }
 
@@ -183,7 +188,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
-        if (!row_ok || !(kEven || v < kVecs)) continue;
+        if (!row_ok || !(kEven || v < vend)) continue;
         if constexpr (kStaged) {
           xv[i] = ring.at(stage, 0)[v];
           dv[i] = ring.at(stage, 1)[v];
@@ -203,7 +208,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
-        if (!row_ok || !(kEven || v < kVecs)) continue;
+        if (!row_ok || !(kEven || v < vend)) continue;
         if constexpr (kTerms) {
           float df[VEC], wdy[VEC], xhat[VEC];
           element_terms<KIND, T, VEC>(xv[i], dv[i], gk[i], mean, rstd, s, xmk[i], df, wdy, xhat);
@@ -236,7 +241,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = i * TPR + lane;
-        if (!row_ok || !(kEven || v < kVecs)) continue;
+        if (!row_ok || !(kEven || v < vend)) continue;
         const PT xv = kStaged ? ring.at(stage, 0)[v] : xc[i];
         float xhat[VEC];
 #pragma unroll
@@ -253,7 +258,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
-        if (!row_ok || !(kEven || v < kVecs)) continue;
+        if (!row_ok || !(kEven || v < vend)) continue;
         float xm[VEC], df[VEC], xhat[VEC];  // xhat: for the dW / dB terms below (not with kTerms)
         PT dv;                              // dy, for them too
         PT hv{};
@@ -330,9 +335,9 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams& p) {
   if constexpr (kStaged) __syncthreads();  // the partial-row combine reuses the ring
   if constexpr (!kEarlyGrads) {
     if constexpr (kCached && kDw)
-      write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem);
+      write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(dw_acc, pw, static_cast<W*>(p.dw) + col0, smem, vend);
     if constexpr (kCached && kDb)
-      write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(db_acc, pb, static_cast<W*>(p.db) + col0, smem);
+      write_partial_row<kSlice, VEC, TPR, ROWS, NV, W, kDirect>(db_acc, pb, static_cast<W*>(p.db) + col0, smem, vend);
   }
 }
 

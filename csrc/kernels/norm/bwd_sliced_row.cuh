@@ -61,6 +61,7 @@ __device__ __forceinline__ void norm_bwd_deferred(const NormBwdParams& p) {
   constexpr float kInvN = 1.f / static_cast<float>(N);
   constexpr bool kGrid = (FLAGS & kGridExchange) != 0;
   static_assert(kCl > 1, "the exchange being deferred is a column cluster's");
+  static_assert((N / VEC) % kCl == 0, "the ring stages equal slices");
   static_assert((FLAGS & kStagedRow) != 0 && (FLAGS & kCachedRow) != 0, "rows are staged in the ring");
   static_assert((FLAGS & kKeepTerms) == 0, "no kept terms");
   static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");

@@ -26,10 +26,12 @@
 //   per-chunk two-pass moments merged with Chan's formula, or, with
 //   kTwoPassStats (a row one CTA caches in registers), the mean from one row
 //   reduction and the squared deviations from it in a second.
-// - A cluster of CL CTAs (kClusterBits) splits every row into CL equal
-//   column slices: CTA rank r owns columns [r * N / CL, (r + 1) * N / CL),
-//   caches its slice, and the slices' statistics are merged through the
-//   cluster (common/cluster.cuh). Row blocks are then indexed per cluster.
+// - A cluster of CL CTAs (kClusterBits) splits every row into CL column
+//   slices of S = ceil(N / VEC / CL) vectors: CTA rank r owns vectors
+//   [r * S, min((r + 1) * S, N / VEC)), never none (the last slice is the
+//   short one where CL does not divide N / VEC), caches its slice, and the
+//   slices' statistics are merged through the cluster (common/cluster.cuh).
+//   Row blocks are then indexed per cluster.
 // - kGridExchange: the CL slices are CL consecutive CTAs of a cooperative
 //   launch (a persistent grid, every CTA resident) instead of a cluster, and
 //   the statistics meet through p.exchange in global memory
@@ -51,14 +53,16 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   using Acc = typename Stats::Acc;
   using PT = Pack<T, VEC>;
   constexpr int kCl = column_cluster_ctas<FLAGS>();
-  constexpr int kVecs = N / VEC / kCl;  // vectors of this CTA's slice of a row
+  constexpr int kNvec = N / VEC;
+  constexpr int kVecs = (kNvec + kCl - 1) / kCl;  // vectors of a slice of a row (the last may hold fewer)
+  constexpr bool kUneven = kNvec % kCl != 0;
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = (kVecs + kChunk - 1) / kChunk;
   constexpr bool kCached = (FLAGS & kCachedRow) != 0;
   constexpr bool kSmem = (FLAGS & kSmemRow) != 0;
   constexpr bool kKeep = (FLAGS & kKeepGamma) != 0;
   constexpr bool kRes = (FLAGS & kResidual) != 0;
-  constexpr bool kEven = kVecs % kChunk == 0;
+  constexpr bool kEven = !kUneven && kVecs % kChunk == 0;
   // Whole chunks: every thread of a group sums the same count of elements,
   // so LayerNorm's (count, mean, M2) triples meet in equal-count merges
   // (MeanM2Eq, no division) across lanes, warps and cluster CTAs, where the
@@ -84,7 +88,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   constexpr int kHwCl = kGrid ? 1 : kCl;  // CTAs of a hardware cluster
   static_assert(!kGrid || kCl > 1, "a grid group splits a row's columns");
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
-  static_assert((N / VEC) % kCl == 0, "a cluster splits a row into equal slices of whole vectors");
+  static_assert(kVecs * (kCl - 1) < kNvec, "every slice of a row holds a vector");
+  static_assert(!kUneven || ((FLAGS & (kPrefetchNext | kPrefetchAffine)) == 0),
+                "prefetches cover whole slices: a short last slice takes none");
   static_assert(kCl == 1 || kCached || kSmem, "a cluster splits rows it caches, never streamed ones");
   static_assert(!kCached || kChunks == 1, "a cached row must fit in one chunk");
   static_assert(!(kCached && kSmem), "a row is cached in registers or in shared memory, not both");
@@ -107,8 +113,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
   const int group = kFlat ? 0u : threadIdx.x / TPR;
   const int rank = kGrid ? static_cast<int>(blockIdx.x % kCl) : cluster_rank<kHwCl>();
   unsigned long long* const gex = kGrid ? grid_exchange_of<kCl, ROWS, Red>(p.exchange, blockIdx.x / kCl) : nullptr;
-  const int vbase = rank * kVecs;            // this CTA's first vector of a row
-  const long long col0 = 1LL * vbase * VEC;  // and first column
+  const int vbase = rank * kVecs;                                // this CTA's first vector of a row
+  const int vend = kUneven ? min(kVecs, kNvec - vbase) : kVecs;  // and its count
+  const long long col0 = 1LL * vbase * VEC;                      // and first column
   extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
   PT* const srow = reinterpret_cast<PT*>(norm_dyn_smem) + (kSmem ? group * kVecs : 0);
   const T* x = static_cast<const T*>(p.x);
@@ -122,7 +129,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = i * TPR + lane;
-      if (kEven || v < kVecs) load_affine<W, VEC, FLAGS>(p, vbase + v, kg[i], kb[i]);
+      if (kEven || v < vend) load_affine<W, VEC, FLAGS>(p, vbase + v, kg[i], kb[i]);
     }
   }
 
@@ -149,7 +156,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
-        ok[i] = row_ok && (kEven || v < kVecs);
+        ok[i] = row_ok && (kEven || v < vend);
         if (ok[i] || kLoadAll) xv[i] = load_row_vec<T, VEC, kAlloc>(x, xoff + 1LL * v * VEC);
       }
       if constexpr (kPreload) {
@@ -253,7 +260,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           const int v = c * kChunk + i * TPR + lane;
-          if (!row_ok || !(kEven || v < kVecs)) continue;
+          if (!row_ok || !(kEven || v < vend)) continue;
           float out[VEC];
           normalized(c, i, v, out);
 #pragma unroll
@@ -272,7 +279,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
       if constexpr (Quant::kLaneSplit) {  // one element a slot: the chunk's outputs, then its codes
         bool oks[NV];
 #pragma unroll
-        for (int i = 0; i < NV; ++i) oks[i] = row_ok && (kEven || c * kChunk + i * TPR + lane < kVecs);
+        for (int i = 0; i < NV; ++i) oks[i] = row_ok && (kEven || c * kChunk + i * TPR + lane < vend);
         quant_out.template emit_slots<kCs>(p, qrow, c * kChunk + lane, lane, oks, [&](int i) {
           float out[1];
           normalized(c, i, c * kChunk + i * TPR + lane, out);
@@ -283,7 +290,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams& p) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = c * kChunk + i * TPR + lane;
-        const bool ok = row_ok && (kEven || v < kVecs);
+        const bool ok = row_ok && (kEven || v < vend);
         float out[VEC];
         if constexpr (Quant::kRecipe == 0) {
           if (!ok) continue;

@@ -53,6 +53,7 @@ __device__ __forceinline__ void norm_fwd_deferred(const NormFwdParams& p) {
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   using Red = typename Select<equal_count_merge<KIND, TPR, kEven>(), MeanM2Eq, Acc>::type;
   static_assert(kCl > 1, "the exchange being deferred is a row's slices'");
+  static_assert((N / VEC) % kCl == 0, "the ring stages equal slices");
   static_assert(kVecs <= TPR * NV, "a staged slice is one chunk");
   static_assert((FLAGS & kResidual) == 0, "no residual: the ring holds x alone");
   static_assert(sizeof(PT) == 16, "the ring is filled in 16-byte copies");

@@ -31,15 +31,16 @@ int64_t combine_bytes(const BwdWants& w, const Layout& l, int64_t hidden) {
 }
 
 // Persistent CTAs holding rows (of `slices`) in registers or a 2-3 stage ring, 8-32 elements a thread
-// (32: 128 registers).
+// (32: 128 registers). Unequal slices (the last one short) are neither staged nor prefetched.
 void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   const int vec = p.vec();
-  const int64_t hidden = p.hidden / slices;
+  const bool even = p.nvec() % slices == 0;
+  const int64_t hidden = ceil_div(p.nvec(), slices) * vec;  // the widest slice's columns
   each_layout(p, slices, {8 / vec, 16 / vec, 32 / vec}, [&](const Layout& l, int nv) {
     if (l.nv > nv || (l.tpr > 512 && p.kind == kLayerNorm)) return;
     for (int stages : {0, 2, 3}) {
       const bool staged = stages > 0;
-      if (staged && vec * p.esize() != 16) continue;
+      if (staged && (vec * p.esize() != 16 || !even)) continue;
       const int64_t ring = int64_t(stages) * l.rows * hidden * p.esize() * (w.dh ? 3 : 2);
       const int64_t smem = std::max(combine_bytes(w, l, hidden), ring);
       if (smem > gpu.smem_per_cta()) continue;
@@ -50,8 +51,10 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
       const auto d = slices > 1 ? BwdDesign::kSlicedRow : staged ? BwdDesign::kStagedRow : BwdDesign::kRegisterRow;
       for (int b = blocks; b >= 1 && b >= blocks - 1; --b) {
         const bool keep_terms = l.nv * vec <= 16 && regs_at(l.threads, b) >= bwd_row_regs(p, w, l.nv * vec, true);
-        const unsigned flags = row_flags(p, w, l, hidden) | kCachedRow | (keep_terms ? kKeepTerms : 0u) |
-                               (staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift : kPrefetchNext);
+        const unsigned ahead = staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift
+                               : even ? kPrefetchNext
+                                      : 0u;
+        const unsigned flags = row_flags(p, w, l, hidden) | kCachedRow | (keep_terms ? kKeepTerms : 0u) | ahead;
         Candidate& c = add_candidate(out, p, int(d), bwd_family(p.kind), l, l.nv, b,
                                      bwd_row_regs(p, w, l.nv * vec, keep_terms), flags, gpu.arch);
         c.knobs.ring_stages = stages;
@@ -62,10 +65,13 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
   });
 }
 
-// Rows split over a cluster or a cooperative group (sm_90+); staged slices may defer.
+// Rows split over a cluster or a cooperative group (sm_90+); staged slices may defer. Slices may be unequal, the last
+// one short, but not of scalar rows (as the forward's, fwd_designs.cpp) and never empty.
 void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   for (int s = 2; s <= max_cluster_ctas(gpu.arch); s *= 2) {
-    if (p.nvec() % s != 0 || p.hidden / s < kMinSliceElems) continue;
+    const bool even = p.nvec() % s == 0;
+    if ((!even && p.vec() == 1) || ceil_div(p.nvec(), s) * (s - 1) >= p.nvec() || p.hidden / s < kMinSliceElems)
+      continue;
     const size_t first = out.size();
     row_candidates(p, w, gpu, s, out);
     for (size_t i = first, n = out.size(); i < n; ++i) {

@@ -24,23 +24,29 @@ constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one 
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
 constexpr int64_t kSmemPerSm = 228 * 1024;
 
-double dram_bytes_per_us(const Gpu& gpu) {
+// An SM streaming alone moves about this many times its share of DRAM bandwidth (H200: ~70 GB/s an SM for up to
+// 13 SMs, against a 27 GB/s share), so a grid of few CTAs is bound by its SMs, not by DRAM.
+constexpr double kSmAlone = 2.5;
+
+// DRAM bandwidth as `active` SMs (CTAs of a wave, one an SM) can draw it.
+double dram_bytes_per_us(const Gpu& gpu, double active) {
   const double per_sm = gpu.arch >= 100 ? 60e3 : gpu.arch >= 90 ? 27e3 : 19e3;
-  return per_sm * gpu.sm_count;
+  return per_sm * std::min<double>(gpu.sm_count, kSmAlone * std::max(1.0, active));
 }
 struct Shape {
-  double bytes = 0;              // DRAM traffic of the call
-  double row_block_bytes = 0;    // bytes one row block has requested at once
-  int launches = 1;              // kernels in the call
-  double reductions = 1;         // row reductions a row block waits on (LayerNorm's two passes: 2)
-  double after_reduction = 0;    // latency on a row block's path after its reduction
-  double element_us = 0;         // a thread's work an element it holds, per row block
-  double tail_us = 0;            // work after the last row block (column CTAs' sums)
-  double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
-  bool walks_rows = false;       // a CTA loads row after row even in one wave
-  bool smem_pass = false;        // the rows pass through shared memory
-  bool loads_ahead = false;      // the next row block's loads fly while a CTA works on this one
-  int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
+  double bytes = 0;                // DRAM traffic of the call
+  double row_block_bytes = 0;      // bytes one row block has requested at once
+  int launches = 1;                // kernels in the call
+  double reductions = 1;           // row reductions a row block waits on (LayerNorm's two passes: 2)
+  double after_reduction = 0;      // latency on a row block's path after its reduction
+  double element_us = 0;           // a thread's work an element it holds, per row block
+  double tail_us = 0;              // work after the last row block (column CTAs' sums)
+  double design_efficiency = 1;    // a design's own ceiling below copy bandwidth
+  bool walks_rows = false;         // a CTA loads row after row even in one wave
+  bool smem_pass = false;          // the rows pass through shared memory
+  bool loads_ahead = false;        // the next row block's loads fly while a CTA works on this one
+  bool defer_behind_next = false;  // deferred statistics hide the exchange only behind a next row block
+  int64_t row_blocks = 0;          // row blocks spread over the slots (0: the candidate's)
 };
 
 // Spreads the row blocks over the resident slots and prices the result.
@@ -74,7 +80,10 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   // The dependent chain: each slot's row blocks in turn, a thread's own work exposed once at the end.
   const double warps_per_row = c.key.threads_per_row / 32.0;
   const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
-  const double exchange = slices > 1 && (c.key.flags & kDeferStats) == 0 ? kExchangeUs : 0.0;
+  // Deferred statistics hide the exchange: the forward's behind a slot's next row block (a slot with one waits on
+  // it), the backward's also behind its dW / dB sums.
+  const bool hidden = (c.key.flags & kDeferStats) != 0 && (rounds > 1 || !s.defer_behind_next);
+  const double exchange = slices > 1 && !hidden ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
   // A thread's serial work: every chunk of its slice, idle slots included.
   const int64_t chunk = int64_t{c.key.threads_per_row} * std::max(1, c.knobs.vecs_per_thread);
@@ -82,7 +91,8 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   const double serial = double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * s.element_us;
   const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + serial + s.tail_us;
   const double pass = s.smem_pass || (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
-  const double stream = pass * s.bytes / (dram_bytes_per_us(gpu) * c.efficiency);  // overlaps the chain in part
+  const double active = busy * slices;
+  const double stream = pass * s.bytes / (dram_bytes_per_us(gpu, active) * c.efficiency);  // overlaps the chain in part
   c.bytes = s.bytes;
   c.us = std::max(stream, chain) + kPartialOverlap * std::min(stream, chain) + kLaunchUs * (s.launches - 1);
 }
@@ -118,6 +128,7 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   if (p.affine_tensors() > 0 && (c.key.flags & (kPreloadAffine | kKeepGamma)) == 0) s.after_reduction = kL2TripUs;
   s.element_us = kFwdElementUs;
+  s.defer_behind_next = true;
   price_access(p, true, d == FwdDesign::kFlatRow, s);
   finish(p, s, gpu, c);
 }
@@ -161,7 +172,7 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
   if (partials) {
     const double partial = double(c.grid) / c.knobs.slices * n * 4.0 * w.accums() * 2.0;
     c.bytes += partial;
-    c.us += partial / (dram_bytes_per_us(gpu) * std::max(0.05, c.efficiency));
+    c.us += partial / (dram_bytes_per_us(gpu, gpu.sm_count) * std::max(0.05, c.efficiency));
   }
 }
 

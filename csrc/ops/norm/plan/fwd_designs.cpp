@@ -38,7 +38,8 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
     if (raw * 4 > kRegisterRowBytes || (l.tpr < kMinThreadsPerRow && p.nvec() >= kMinThreadsPerRow)) return;
     const unsigned aff = affine_flags(p, l.nv, l.row_blocks, gpu);
     const int scalar = p.vec() == 1 ? raw : 0, layer = p.kind == kLayerNorm ? (slices > 1 ? 2 * raw : raw) : 0;
-    const int regs = 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) +
+    const int bounds = p.nvec() % slices != 0 ? l.nv : 0;  // unequal slices: a vector's own bound test
+    const int regs = 24 + raw + raw / 4 + layer + (p.residual ? raw : 0) + bounds +
                      (aff == kPreloadAffine ? raw * p.wsize() / p.esize() * p.affine_tensors() : 0) + scalar +
                      (p.quant != 0 ? 8 + scalar : 0);
     const int blocks = blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs);
@@ -56,19 +57,24 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
 }
 
 // Register rows split over 2-16 CTAs (sm_90+); persistent slices may meet in global memory, deferring statistics.
+// Where s does not divide the row's vectors, the last slice is the short one (and takes no prefetches); every slice
+// must hold a vector, and only equal slices are staged in a deferred ring. Scalar rows (odd N) are not split unequally:
+// their per-element bound tests take more registers than the estimate holds (ptxas spills at 22 elements a thread).
 void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   for (int s = 2; s <= max_cluster_ctas(gpu.arch); s *= 2) {
-    if (p.nvec() % s != 0 || p.row_bytes() / s < kMinSliceBytes) continue;
+    const bool even = p.nvec() % s == 0;
+    if ((!even && p.vec() == 1) || ceil_div(p.nvec(), s) * (s - 1) >= p.nvec() || p.row_bytes() / s < kMinSliceBytes)
+      continue;
     const size_t first = out.size();
     register_rows(p, mode, gpu, s, out);
     for (size_t i = first, n = out.size(); i < n; ++i) {
       Candidate& c = out[i];
-      c.key.flags &= ~(kL1Allocate | kTwoPassStats);
+      c.key.flags &= ~(kL1Allocate | kTwoPassStats | (even ? 0u : kPrefetchNext | kPrefetchAffine));
       if (!c.knobs.persistent || c.key.threads_per_row % 32 != 0) continue;
       const Candidate g = grid_exchange(c);  // `c` dangles once `out` grows
       out.push_back(g);
       const int64_t stage = int64_t(g.key.rows_per_cta) * (p.hidden / s) * p.esize();
-      if (p.residual || g.key.vec * p.esize() != 16 || kDeferredStages * stage > gpu.smem_per_cta()) continue;
+      if (!even || p.residual || g.key.vec * p.esize() != 16 || kDeferredStages * stage > gpu.smem_per_cta()) continue;
       Candidate& d = out.emplace_back(g);
       d.knobs.ring_stages = kDeferredStages;
       d.key.flags &= ~(kPrefetchNext | kKeepGamma | kPreloadAffine | kPrefetchAffine);

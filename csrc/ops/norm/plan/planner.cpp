@@ -140,7 +140,7 @@ jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, c
 Layout layout_of(const NormProblem& p, int slices, int nv_target, int cta_threads) {
   Layout l;
   l.slices = slices;
-  const int64_t nvec = p.nvec() / slices;
+  const int64_t nvec = ceil_div(p.nvec(), int64_t{slices});  // the widest slice
   l.tpr = threads_per_row(nvec, nv_target);
   l.nv = static_cast<int>(ceil_div(nvec, l.tpr));
   l.rows = std::max(1, cta_threads / l.tpr);
