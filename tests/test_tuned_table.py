@@ -12,7 +12,7 @@ import pytest
 import rtcnorm
 import torch
 from reference import assert_close, ref_rms_norm
-from rtcnorm import _C, tuned_table
+from rtcnorm import _C, _tuning, tuned_table
 
 H200 = ("NVIDIA H200", 132, 90)
 H100 = ("NVIDIA H100 80GB HBM3", 132, 90)
@@ -156,6 +156,24 @@ def test_on_the_device_a_seeded_choice_plans_exactly_its_problem(fresh_store):
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     expected = ref_rms_norm(x, (1024,), w, 1e-6)["y"]
     assert_close(rtcnorm.rms_norm(x, 1024, w, 1e-6), expected, what="y under the seeded choice", dtype=x.dtype)
+
+
+@pytest.mark.gpu
+def test_a_choice_of_a_design_the_default_ranking_omits_is_still_planned(fresh_store):
+    """tune() times each design under an override, which ranks every candidate
+    (shared-memory rows also where registers hold the row): such a winner must
+    plan too, not fall back silently to the cost model's pick."""
+    props = torch.cuda.get_device_properties(0)
+    model = (props.name, props.multi_processor_count, props.major * 10 + props.minor)
+    default = rtcnorm.explain("rms_norm", (4096, 1024), torch.bfloat16, device="cuda")
+    assert all(c["design"] != "smem_row" for c in default["candidates"])
+    with _tuning.norm_override("fwd", "smem_row"):
+        forced = rtcnorm.explain("rms_norm", (4096, 1024), torch.bfloat16, device="cuda")
+    assert forced["design"] == "smem_row"
+    mine = table(model[0], model[1], entries=[entry(design="smem_row", knobs=forced["knobs"])])
+    assert tuned_table.seed_model(*model, table=mine) == 1
+    e = rtcnorm.explain("rms_norm", (4096, 1024), torch.bfloat16, device="cuda")
+    assert e["tuned"] and (e["design"], e["knobs"]) == ("smem_row", forced["knobs"])
 
 
 @pytest.mark.gpu

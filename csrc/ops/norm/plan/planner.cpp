@@ -193,9 +193,11 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                           const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
-  // A cached mode no cached design holds reads x twice; one with no quantized epilogue plans as auto.
+  // A cached mode no cached design holds reads x twice; one with no quantized epilogue plans as auto. A forced
+  // design, or a tuned choice (timed under one), ranks among every candidate, so the choice is always found.
+  const bool every = g_overrides[true].design >= 0 || tuned != nullptr;
   for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
-    if (cands.empty()) fwd_candidates(p, m, gpu, cands, g_overrides[true].design >= 0);
+    if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
   NormFwdPlan plan;
   const Candidate& best = pick(true, tuned, explain, cands, plan, [&](Candidate& c) { cost_fwd(p, gpu, c); });
   plan.design = static_cast<FwdDesign>(best.design);
@@ -211,7 +213,7 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const Gpu gpu{std::max(1, sm_count), arch};
   const BwdWants w{want_dw, want_db, grad_dh};
   std::vector<Candidate> cands;
-  bwd_candidates(p, w, gpu, cands, g_overrides[false].design >= 0);
+  bwd_candidates(p, w, gpu, cands, g_overrides[false].design >= 0 || tuned != nullptr);
   NormBwdPlan plan;
   const Candidate& best = pick(false, tuned, explain, cands, plan, [&](Candidate& c) { cost_bwd(p, w, gpu, c); });
   plan.design = static_cast<BwdDesign>(best.design);
