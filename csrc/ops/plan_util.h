@@ -75,6 +75,20 @@ inline int blocks_leaving(int threads, int blocks, int need) {
   return std::max(1, blocks);
 }
 
+// Threads a row at about `nv` vectors each: a power of two up to a warp, else the multiple of 32 idling fewest.
+inline int threads_per_row(int64_t nvec, int nv) {
+  const int64_t want = ceil_div(nvec, std::max(1, nv));
+  if (want <= 32) return static_cast<int>(pow2_ceil(want));
+  if (want >= 1024) return 1024;
+  int64_t best = 0, best_idle = -1;
+  for (int v = std::max(1, nv); v >= std::max(1, nv / 2); --v) {
+    const int64_t t = std::min<int64_t>(1024, ceil_div(ceil_div(nvec, v), 32) * 32);
+    const int64_t idle = t * ceil_div(nvec, t) - nvec;
+    if (best_idle < 0 || idle < best_idle) best = t, best_idle = idle;
+  }
+  return static_cast<int>(best);
+}
+
 // `blocks` cut to what `limit` bytes of shared memory hold at `smem` a CTA (at least 1).
 inline int fit_smem(int blocks, int64_t smem, int64_t limit) {
   return smem > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, limit / smem))) : blocks;

@@ -31,7 +31,7 @@ int64_t combine_bytes(const BwdWants& w, const Layout& l, int64_t hidden) {
 }
 
 // Persistent CTAs holding rows (of `slices`) in registers or a 2-3 stage ring, 8-32 elements a thread
-// (32: 128 registers). Unequal slices (the last one short) are neither staged nor prefetched.
+// (32: 128 registers).
 void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
   const int vec = p.vec();
   const bool even = p.nvec() % slices == 0;
@@ -65,13 +65,10 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
   });
 }
 
-// Rows split over a cluster or a cooperative group (sm_90+); staged slices may defer. Slices may be unequal, the last
-// one short, but not of scalar rows (as the forward's, fwd_designs.cpp) and never empty.
+// Rows split over a cluster or a cooperative group (sm_90+, can_slice); staged slices may defer.
 void sliced_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
   for (int s = 2; s <= max_cluster_ctas(gpu.arch); s *= 2) {
-    const bool even = p.nvec() % s == 0;
-    if ((!even && p.vec() == 1) || ceil_div(p.nvec(), s) * (s - 1) >= p.nvec() || p.hidden / s < kMinSliceElems)
-      continue;
+    if (!can_slice(p, s) || p.hidden / s < kMinSliceElems) continue;
     const size_t first = out.size();
     row_candidates(p, w, gpu, s, out);
     for (size_t i = first, n = out.size(); i < n; ++i) {

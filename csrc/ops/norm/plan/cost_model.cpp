@@ -19,16 +19,13 @@ constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds
 constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
 constexpr double kSplitEfficiency = 0.6;  // the split column kernel walks rows down columns
 constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
+constexpr double kSmAlone = 2.5;          // an SM streaming alone: times its DRAM share (H200: ~70 GB/s against 27)
 // Rows read in narrow accesses (narrow_access) reach this much of copy, plus the rest in proportion to an access's
 // bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
 constexpr int64_t kSmemPerSm = 228 * 1024;
 
-// An SM streaming alone moves about this many times its share of DRAM bandwidth (H200: ~70 GB/s an SM for up to
-// 13 SMs, against a 27 GB/s share), so a grid of few CTAs is bound by its SMs, not by DRAM.
-constexpr double kSmAlone = 2.5;
-
-// DRAM bandwidth as `active` SMs (CTAs of a wave, one an SM) can draw it.
+// DRAM bandwidth as `active` SMs (a wave's CTAs, one an SM) draw it: a grid of few CTAs is bound by its SMs.
 double dram_bytes_per_us(const Gpu& gpu, double active) {
   const double per_sm = gpu.arch >= 100 ? 60e3 : gpu.arch >= 90 ? 27e3 : 19e3;
   return per_sm * std::min<double>(gpu.sm_count, kSmAlone * std::max(1.0, active));
@@ -80,8 +77,7 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   // The dependent chain: each slot's row blocks in turn, a thread's own work exposed once at the end.
   const double warps_per_row = c.key.threads_per_row / 32.0;
   const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
-  // Deferred statistics hide the exchange: the forward's behind a slot's next row block (a slot with one waits on
-  // it), the backward's also behind its dW / dB sums.
+  // Deferred statistics hide the exchange: the forward's behind a next row block, the backward's behind dW / dB too.
   const bool hidden = (c.key.flags & kDeferStats) != 0 && (rounds > 1 || !s.defer_behind_next);
   const double exchange = slices > 1 && !hidden ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
@@ -91,8 +87,7 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   const double serial = double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * s.element_us;
   const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + serial + s.tail_us;
   const double pass = s.smem_pass || (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
-  const double active = busy * slices;
-  const double stream = pass * s.bytes / (dram_bytes_per_us(gpu, active) * c.efficiency);  // overlaps the chain in part
+  const double stream = pass * s.bytes / (dram_bytes_per_us(gpu, busy * slices) * c.efficiency);  // overlaps the chain
   c.bytes = s.bytes;
   c.us = std::max(stream, chain) + kPartialOverlap * std::min(stream, chain) + kLaunchUs * (s.launches - 1);
 }

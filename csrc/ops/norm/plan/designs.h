@@ -98,6 +98,10 @@ void each_layout(const NormProblem& p, int slices, std::initializer_list<int> nv
 // flat_row (its ring: kFlatStages, common/params.cuh) is planned where the rows' widest access is narrow (measured,
 // docs/designs.md): under 4 bytes forward, under 8 backward. The cost model prices such accesses below copy.
 inline bool narrow_access(const NormProblem& p, bool forward) { return p.vec() * p.esize() < (forward ? 4 : 8); }
+// Rows split into s slices: equal, or the last short (never empty; no ring, no prefetch). Scalar rows: equal only.
+inline bool can_slice(const NormProblem& p, int s) {
+  return p.nvec() % s == 0 || (p.vec() > 1 && ceil_div(p.nvec(), s) * (s - 1) < p.nvec());
+}
 inline bool flat_worth(const NormProblem& p, bool forward) { return p.flat && narrow_access(p, forward); }
 // Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,

@@ -56,15 +56,12 @@ void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slic
   });
 }
 
-// Register rows split over 2-16 CTAs (sm_90+); persistent slices may meet in global memory, deferring statistics.
-// Where s does not divide the row's vectors, the last slice is the short one (and takes no prefetches); every slice
-// must hold a vector, and only equal slices are staged in a deferred ring. Scalar rows (odd N) are not split unequally:
-// their per-element bound tests take more registers than the estimate holds (ptxas spills at 22 elements a thread).
+// Register rows split over 2-16 CTAs (sm_90+, can_slice); persistent slices may meet in global memory, deferring
+// statistics (equal slices only).
 void sliced_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   for (int s = 2; s <= max_cluster_ctas(gpu.arch); s *= 2) {
     const bool even = p.nvec() % s == 0;
-    if ((!even && p.vec() == 1) || ceil_div(p.nvec(), s) * (s - 1) >= p.nvec() || p.row_bytes() / s < kMinSliceBytes)
-      continue;
+    if (!can_slice(p, s) || p.row_bytes() / s < kMinSliceBytes) continue;
     const size_t first = out.size();
     register_rows(p, mode, gpu, s, out);
     for (size_t i = first, n = out.size(); i < n; ++i) {

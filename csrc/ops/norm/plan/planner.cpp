@@ -74,20 +74,6 @@ const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std:
   return best;
 }
 
-// Threads a row at about `nv` vectors each: a power of two up to a warp, else the multiple of 32 idling fewest.
-int threads_per_row(int64_t nvec, int nv) {
-  const int64_t want = ceil_div(nvec, std::max(1, nv));
-  if (want <= 32) return static_cast<int>(pow2_ceil(want));
-  if (want >= 1024) return 1024;
-  int64_t best = 0, best_idle = -1;
-  for (int v = std::max(1, nv); v >= std::max(1, nv / 2); --v) {
-    const int64_t t = std::min<int64_t>(1024, ceil_div(ceil_div(nvec, v), 32) * 32);
-    const int64_t idle = t * ceil_div(nvec, t) - nvec;
-    if (best_idle < 0 || idle < best_idle) best = t, best_idle = idle;
-  }
-  return static_cast<int>(best);
-}
-
 }  // namespace
 
 std::string explain_trace(const PlanTrace& t, bool forward) {
@@ -193,11 +179,9 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
                           const TunedChoice* tuned) {
   const Gpu gpu{std::max(1, sm_count), arch};
   std::vector<Candidate> cands;
-  // A cached mode no cached design holds reads x twice; one with no quantized epilogue plans as auto. A forced
-  // design, or a tuned choice (timed under one), ranks among every candidate, so the choice is always found.
-  const bool every = g_overrides[true].design >= 0 || tuned != nullptr;
+  // Cached modes no cached design holds fall back to reload, then auto; a forced or tuned design ranks every one.
   for (NormMode m : {requested, NormMode::kMultiWaveReload, NormMode::kAuto})
-    if (cands.empty()) fwd_candidates(p, m, gpu, cands, every);
+    if (cands.empty()) fwd_candidates(p, m, gpu, cands, g_overrides[true].design >= 0 || tuned != nullptr);
   NormFwdPlan plan;
   const Candidate& best = pick(true, tuned, explain, cands, plan, [&](Candidate& c) { cost_fwd(p, gpu, c); });
   plan.design = static_cast<FwdDesign>(best.design);

@@ -12,10 +12,9 @@ namespace rtcnorm {
 
 // The ranked candidates of one planning, for explain() only.
 struct PlanTrace {
-  std::vector<Candidate> ranked;  // cheapest first, at most kTraceLength
-  int considered = 0;             // feasible candidates costed
-  bool forced = false;            // an override restricted the design or knobs
-  bool tuned = false;             // a measured choice (rtcnorm.tune) was taken
+  std::vector<Candidate> ranked;       // cheapest first, at most kTraceLength
+  int considered = 0;                  // feasible candidates costed
+  bool forced = false, tuned = false;  // an override restricted the design or knobs; rtcnorm.tune's choice was taken
 };
 constexpr int kTraceLength = 6;
 // What a plan of either direction takes from the picked candidate.
@@ -35,10 +34,9 @@ struct NormFwdPlan : NormPlan {
 struct NormBwdPlan : NormPlan {
   BwdDesign design = BwdDesign::kRegisterRow;
   bool cached = false, split = false;
-  jit::KernelKey coef_key;    // the split design's per-row coefficient kernel
-  bool programmatic = false;  // kernels after the first launch programmatically (sm_90+)
-  // Persistent units (CTAs or slice groups) at most: the partial rows the cost model priced.
-  int64_t max_units = std::numeric_limits<int64_t>::max();
+  jit::KernelKey coef_key;                                  // the split design's per-row coefficient kernel
+  bool programmatic = false;                                // kernels after the first launch programmatically (sm_90+)
+  int64_t max_units = std::numeric_limits<int64_t>::max();  // persistent units at most: the partial rows priced
   int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;
 };
