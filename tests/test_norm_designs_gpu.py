@@ -84,7 +84,7 @@ def test_a_forced_design_matches_float64(op, direction, design, m, n, dtype, sm9
 @pytest.mark.parametrize("n,slices", [(130728, 8), (130728, 16), (54920, 8), (19640, 2)])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_unequal_slices_match_float64(op, n, slices, poison):
-    """Rows whose vectors `slices` does not divide: every slice count, the
+    """Rows whose vectors `slices` does not divide (2, 8 and 16 slices), the
     short last slice included, against float64."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("sliced rows need sm_90 (clusters and grid groups)")
