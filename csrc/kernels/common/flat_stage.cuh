@@ -28,39 +28,53 @@ __host__ __device__ constexpr int flat_piece() {
   return 16 / static_cast<int>(sizeof(T));
 }
 
-// Row block rb's range [begin, end) of the flat tensor; buffer element 0 is
-// tensor element `first` (begin rounded down to a piece).
+// Row block rb, from its first piece on: buffer element 0 is tensor element
+// `first` (the block's first element rounded down to a piece); the block's
+// own elements are buffer elements [own, span); `pieces` pieces cover them,
+// of which the first `whole` lie wholly inside the tensor. A block fits
+// shared memory, so every offset from `first` is 32-bit; the geometry is
+// formed once a block, not once a tensor or a piece.
 struct FlatBlock {
-  long long begin, end, first;
+  long long first;
+  int own, span, pieces, whole;
 };
 
 template <typename T>
 __device__ __forceinline__ FlatBlock flat_block(long long rb, int rows_per_block, long long rows, int n) {
-  const long long begin = rb * rows_per_block * n;
-  const long long last = (rb + 1) * rows_per_block < rows ? (rb + 1) * rows_per_block : rows;
-  return {begin, last * n, begin & ~static_cast<long long>(flat_piece<T>() - 1)};
+  constexpr int kP = flat_piece<T>();
+  const long long row0 = rb * rows_per_block;
+  const long long begin = row0 * n;
+  const int here = rows - row0 < rows_per_block ? static_cast<int>(rows - row0) : rows_per_block;
+  FlatBlock b;
+  b.first = begin & ~static_cast<long long>(kP - 1);
+  b.own = static_cast<int>(begin - b.first);
+  b.span = b.own + here * n;
+  b.pieces = (b.span + kP - 1) / kP;
+  // Only the tensor's last piece can reach past its end (rows * n elements).
+  const long long left = rows * n - b.first;
+  b.whole = left >= static_cast<long long>(b.pieces) * kP ? b.pieces : static_cast<int>(left / kP);
+  return b;
 }
 
-// Starts the copies of block b of `src` into `dst` (every thread of the CTA
-// takes every blockDim.x-th piece). A piece reaching past the tensor's
-// `total` elements is copied element by element; the piece before `begin`
-// lies inside the tensor (begin > 0 there), so it is read whole. A block
-// spans fewer than 2^31 elements (it fits shared memory): offsets from
-// b.first are 32-bit.
-template <typename T>
-__device__ __forceinline__ void flat_stage(T* dst, const T* src, const FlatBlock& b, long long total) {
+// Starts the copies of block b of the K tensors `src` into the stage's K
+// buffers of BUF elements (every thread of the CTA takes every blockDim.x-th
+// piece of each). A piece reaching past the tensor's end is copied element
+// by element; the piece before the block's own elements lies inside the
+// tensor (own > 0 there), so it is read whole.
+template <typename T, int K, int BUF>
+__device__ __forceinline__ void flat_stage(T* stage, const T* const* src, const FlatBlock& b) {
   constexpr int kP = flat_piece<T>();
   using Piece = Pack<T, kP>;
-  const T* const from = src + b.first;
-  const int pieces = static_cast<int>((b.end - b.first + kP - 1) / kP);
-  const long long inside = (total - b.first) / kP;  // pieces wholly inside the tensor
-  const int whole = inside < pieces ? static_cast<int>(inside) : pieces;
-  for (int q = threadIdx.x; q < pieces; q += blockDim.x) {
-    if (q < whole) {
-      cp_async(reinterpret_cast<Piece*>(dst) + q, reinterpret_cast<const Piece*>(from) + q);
-    } else {
-      const int left = static_cast<int>(total - b.first - static_cast<long long>(q) * kP);  // < kP here
-      for (int j = 0; j < kP && j < left; ++j) dst[q * kP + j] = from[q * kP + j];
+  const T* from[K];
+#pragma unroll
+  for (int t = 0; t < K; ++t) from[t] = src[t] + b.first;
+  for (int q = threadIdx.x; q < b.pieces; q += blockDim.x) {
+#pragma unroll
+    for (int t = 0; t < K; ++t) {
+      if (q < b.whole)
+        cp_async(reinterpret_cast<Piece*>(stage + t * BUF) + q, reinterpret_cast<const Piece*>(from[t]) + q);
+      else
+        for (int j = q * kP; j < b.span; ++j) stage[t * BUF + j] = from[t][j];  // the tensor's last elements
     }
   }
 }
@@ -68,20 +82,19 @@ __device__ __forceinline__ void flat_stage(T* dst, const T* src, const FlatBlock
 // Copies block b of the buffer `src` out to `dst`: whole pieces as 16-byte
 // stores, the pieces it shares with the neighbouring blocks element by
 // element (only its own elements: a neighbour's CTA writes the rest).
-// Pieces [lo, hi) lie wholly in [begin, end).
+// Pieces [lo, hi) lie wholly in [own, span).
 template <typename T, bool STREAMING>
 __device__ __forceinline__ void flat_flush(T* dst, const T* src, const FlatBlock& b) {
   constexpr int kP = flat_piece<T>();
   using Piece = Pack<T, kP>;
   T* const to = dst + b.first;
-  const int own = static_cast<int>(b.begin - b.first), end = static_cast<int>(b.end - b.first);
-  const int pieces = (end + kP - 1) / kP, lo = own == 0 ? 0 : 1, hi = end / kP;
-  for (int q = threadIdx.x; q < pieces; q += blockDim.x) {
+  const int lo = b.own == 0 ? 0 : 1, hi = b.span / kP;
+  for (int q = threadIdx.x; q < b.pieces; q += blockDim.x) {
     if (q >= lo && q < hi) {
       store<T, kP, STREAMING>(to, q * kP, reinterpret_cast<const Piece*>(src)[q]);
     } else {
       for (int j = q * kP; j < q * kP + kP; ++j)
-        if (j >= own && j < end) to[j] = src[j];
+        if (j >= b.own && j < b.span) to[j] = src[j];
     }
   }
 }
@@ -94,12 +107,9 @@ __device__ __forceinline__ void flat_flush(T* dst, const T* src, const FlatBlock
 template <typename T, int K, int BUF, typename Before, typename Body>
 __device__ __forceinline__ void flat_ring(T* stages, const T* const* src, long long row_blocks, int rows_per_block,
                                           long long rows, int n, Before before, Body body) {
-  const long long total = rows * n;
   const auto fill = [&](int s, long long rb) {
     if (rb < row_blocks) {
-      const FlatBlock b = flat_block<T>(rb, rows_per_block, rows, n);
-#pragma unroll
-      for (int t = 0; t < K; ++t) flat_stage<T>(stages + (s * K + t) * BUF, src[t], b, total);
+      flat_stage<T, K, BUF>(stages + s * K * BUF, src, flat_block<T>(rb, rows_per_block, rows, n));
     }
     cp_async_commit();
   };

@@ -74,8 +74,8 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
   const auto block = [&](long long rb, const FlatBlock& b, T* stage, int) {
     T* const xbuf = stage;
     T* const rbuf = stage + (kRes ? kBuf : 0);
-    PT* const xs = reinterpret_cast<PT*>(xbuf + (b.begin - b.first) + group * N);
-    PT* const rs = reinterpret_cast<PT*>(rbuf + (b.begin - b.first) + group * N);
+    PT* const xs = reinterpret_cast<PT*>(xbuf + b.own + group * N);
+    PT* const rs = reinterpret_cast<PT*>(rbuf + b.own + group * N);
     const long long row = rb * ROWS + group;
     const bool row_ok = ROWS == 1 || row < p.rows;  // one row a block: every block is a row
 
@@ -216,7 +216,7 @@ __device__ __forceinline__ void norm_bwd_flat(const NormBwdParams& p) {
   const auto block = [&](long long rb, const FlatBlock& b, T* stage, float2 st) {
     const bool row_ok = ROWS == 1 || rb * ROWS + group < p.rows;
     const float rstd = st.x, mean = st.y;
-    const long long at = (b.begin - b.first) + group * N;
+    const int at = b.own + group * N;
     const PT* const xs = reinterpret_cast<const PT*>(stage + at);
     PT* const ds = reinterpret_cast<PT*>(stage + kBuf + at);
     const PT* const hs = reinterpret_cast<const PT*>(stage + 2 * kBuf + at);

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_fwd_flat(const Softma
   const auto block = [&](long long rb, const FlatBlock& b, T* stage, int) {
     const SoftmaxRow r =
         softmax_row<VEC, TPR, ROWS, KIND == kSoftmaxCausal>(static_cast<int>(rb), p.sq, p.rows, N, p.diag);
-    PT* const xs = reinterpret_cast<PT*>(stage + (b.begin - b.first) + (threadIdx.x / TPR) * N);
+    PT* const xs = reinterpret_cast<PT*>(stage + b.own + (threadIdx.x / TPR) * N);
     float m = neg_inf();
     each_vector<kNv, TPR>(lane, r.nload, [&](int v) {
       float z[VEC];
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(TPR* ROWS, MINB) softmax_bwd_flat(const Softma
 
   const auto block = [&](long long rb, const FlatBlock& b, T* stage, int) {
     const SoftmaxRow r = softmax_row<VEC, TPR, ROWS, CAUSAL>(static_cast<int>(rb), p.sq, p.rows, N, p.diag);
-    const long long at = (b.begin - b.first) + (threadIdx.x / TPR) * N;
+    const int at = b.own + (threadIdx.x / TPR) * N;
     const PT* const ys = reinterpret_cast<const PT*>(stage + at);
     PT* const gs = reinterpret_cast<PT*>(stage + kBuf + at);
     // Lanes past the causal diagonal are skipped, so whatever dy holds there
