@@ -21,7 +21,7 @@ TORCH_STAMP := $(shell $(PYTHON) -c "import importlib.util as u; s = u.find_spec
 TEST_DEPS := pytest hypothesis numpy tqdm transformers matplotlib wheel
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: setup deps build test test-slow test-gpu demo bench plots info wheel lint format clean
+.PHONY: setup deps build test test-slow test-gpu test-gpu-shards demo bench plots info wheel lint format clean
 
 setup: deps build
 
@@ -46,6 +46,10 @@ test-slow: setup
 
 test-gpu: setup
 	$(PYTHON) -m pytest -q -m gpu tests
+
+# The GPU tests in parallel pytest processes sharing one kernel cache (tests/run_gpu_shards.py).
+test-gpu-shards: setup
+	$(PYTHON) tests/run_gpu_shards.py
 
 demo: setup
 	$(PYTHON) benchmarks/demo.py
