@@ -28,25 +28,14 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+PYTEST_GPU = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 
 
 def collect(extra: list[str]) -> list[str]:
     """Node ids of the GPU tests, in collection order."""
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-m",
-            "gpu",
-            "--collect-only",
-            *extra,
-            "tests",
-        ],
+        [*PYTEST_GPU, "--collect-only", *extra, "tests"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -89,7 +78,7 @@ def main() -> int:
     procs = []
     for k, shard in enumerate(shards):
         log = open(logs / f"shard{k:02d}.log", "w")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *a.pytest_args, *shard]
+        cmd = [*PYTEST_GPU, *a.pytest_args, *shard]
         procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     codes, totals = [], {}
     for k, (p, log) in enumerate(procs):
