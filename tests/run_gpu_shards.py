@@ -2,12 +2,16 @@
 
     python3 tests/run_gpu_shards.py [--shards K] [--timeout S] [--logs DIR] [-- PYTEST_ARGS...]
 
-Every shard is one pytest process on the same GPU. Two choices keep the run
+Every shard is one pytest process on the same GPU. Three choices keep the run
 short:
 - All shards share one kernel cache folder (RTCNORM_CACHE_DIR, a fresh 0700
   temporary folder), so a kernel compiled by one shard is loaded from disk by
   the others; a private cache a shard (conftest.py's default) compiles nearly
   every kernel once per shard.
+- Shards compile on demand (RTCNORM_TEST_PRECOMPILE=0): conftest.py's
+  session precompile of the whole matrix on every core, run by several
+  shards at once, oversubscribes the CPU many times over (on 16 cores, 7
+  shards that met it finished no test in 520 s).
 - Tests are dealt out by file, in chunks of at most an even share, largest
   chunk first to the least loaded shard: a shard meets few files, so its
   in-process kernel and `torch.compile` caches are reused.
@@ -59,6 +63,11 @@ def deal(ids: list[str], shards: int) -> list[list[str]]:
     return [s for s in out if s]
 
 
+def shard_env(cache_dir: str) -> dict[str, str]:
+    """The environment of every shard: one shared kernel cache, compiles on demand."""
+    return dict(os.environ, RTCNORM_CACHE_DIR=cache_dir, RTCNORM_TEST_PRECOMPILE="0")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shards", type=int, default=min(16, os.cpu_count() or 1), help="pytest processes at once")
@@ -72,7 +81,7 @@ def main() -> int:
     shards = deal(ids, a.shards)
     logs = pathlib.Path(a.logs or tempfile.mkdtemp(prefix="rtcnorm-gpu-shards-"))
     logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, RTCNORM_CACHE_DIR=tempfile.mkdtemp(prefix="rtcnorm-shared-cache-"))
+    env = shard_env(tempfile.mkdtemp(prefix="rtcnorm-shared-cache-"))
     print(f"{len(ids)} GPU tests in {len(shards)} shards; logs in {logs}", flush=True)
     start = time.monotonic()
     procs = []

@@ -1,9 +1,9 @@
-"""The GPU shard runner's dealing (tests/run_gpu_shards.py): every test once, by file, evenly."""
+"""The GPU shard runner (tests/run_gpu_shards.py): every test once, by file, evenly; one cache, no precompile."""
 
 from __future__ import annotations
 
 import pytest
-from run_gpu_shards import deal
+from run_gpu_shards import deal, shard_env
 
 
 def _ids(sizes: dict[str, int]) -> list[str]:
@@ -31,3 +31,11 @@ def test_every_test_once_in_file_chunks_evenly(sizes, shards):
     # nearly every shard and file.
     chunks = sum(-(-n // share) for n in sizes.values())
     assert sum(len({i.split("::")[0] for i in s}) for s in out) <= chunks
+
+
+def test_shards_share_one_cache_and_compile_on_demand(monkeypatch, tmp_path):
+    """conftest.py's session precompile (every core) must not run in each shard at once."""
+    monkeypatch.setenv("RTCNORM_TEST_PRECOMPILE", "1")
+    monkeypatch.setenv("RTCNORM_CACHE_DIR", "/elsewhere")
+    env = shard_env(str(tmp_path))
+    assert env["RTCNORM_CACHE_DIR"] == str(tmp_path) and env["RTCNORM_TEST_PRECOMPILE"] == "0"
