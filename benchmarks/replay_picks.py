@@ -1,0 +1,107 @@
+"""The planner's picks today, priced by recorded measurements: no GPU needed.
+
+`tune_table.py` records, per problem, the candidates `rtcnorm.tune` timed on
+the GPU (design, knobs, device us). This script plans every recorded problem
+again with the current planner (for the recorded GPU's arch and SM count) and
+looks its pick up among that problem's timed candidates:
+
+- within: the pick was timed, at most `--tolerance` over the fastest timed;
+- miss: the pick was timed, slower than that;
+- unmeasured: the pick is not among the timed candidates (a plan the
+  recording never saw: a GPU run is needed to price it).
+
+A cost-model change can be checked here before it reaches a GPU: the picks it
+moves should land on faster recorded candidates. The recorded times are those
+of the recording's tree, so kernels changed since make them stale.
+
+    python benchmarks/replay_picks.py [results/default_vs_tuned_h200.json] [--md out.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT = os.path.join(HERE, "results", "default_vs_tuned_h200.json")
+
+
+def replay(doc: dict, tolerance: float = 1.05) -> list[dict]:
+    """One row per recorded cell: its pick today and the verdict above."""
+    import rtcnorm
+    import torch
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    rows = []
+    for c in doc["cells"]:
+        timed = {(d, json.dumps(k, sort_keys=True)): us for d, k, us in c.get("candidates") or []}
+        row = {k: c[k] for k in ("op", "dtype", "direction", "set")} | {"shape": f"{c['rows']}x{c['n']}"}
+        if not timed:
+            rows.append(row | {"verdict": "no candidates"})
+            continue
+        arch = c.get("arch", "sm_90")
+        plan = rtcnorm.explain(c["op"], (c["rows"], c["n"]), dtypes[c["dtype"]], device="cpu", arch=arch,
+                               sm_count=c.get("sm_count", 132))  # fmt: skip
+        plan = plan if c["direction"] == "fwd" else plan["backward"]
+        (best_key, best_us) = min(timed.items(), key=lambda kv: kv[1])
+        us = timed.get((plan["design"], json.dumps(plan["knobs"], sort_keys=True)))
+        row |= {"pick": plan["design"], "knobs": plan["knobs"], "best": best_key[0],
+                "best_knobs": json.loads(best_key[1]), "best_us": best_us}  # fmt: skip
+        if us is None:
+            row["verdict"] = "unmeasured"
+        else:
+            row |= {"pick_us": us, "ratio": us / best_us}
+            row["verdict"] = "within" if us <= tolerance * best_us else "miss"
+        rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict], tolerance: float) -> str:
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("within", "miss", "unmeasured", "no candidates")}
+    timed = counts["within"] + counts["miss"]
+    return (
+        f"{counts['within']} of {timed} timed picks within {tolerance:.2f}x of the fastest timed candidate; "
+        f"{counts['miss']} misses, {counts['unmeasured']} picks never timed, {counts['no candidates']} cells "
+        f"without candidates ({len(rows)} cells)"
+    )
+
+
+def knob_text(k: dict) -> str:
+    return " ".join(f"{n}={v}" for n, v in sorted(k.items()))
+
+
+def table(rows: list[dict]) -> str:
+    head = "| op | dtype | dir | shape | pick | pick us | fastest timed | its us | ratio |\n|---|---|---|---|---|---|---|---|---|"
+    body = [
+        f"| {r['op']} | {r['dtype']} | {r['direction']} | {r['shape']} | {r['pick']} ({knob_text(r['knobs'])}) | "
+        f"{r['pick_us']:.2f} | {r['best']} ({knob_text(r['best_knobs'])}) | {r['best_us']:.2f} | {r['ratio']:.3f} |"
+        for r in sorted((r for r in rows if r["verdict"] == "miss"), key=lambda r: -r["ratio"])
+    ]
+    return "\n".join([head, *body])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("recording", nargs="?", default=DEFAULT, help="a tune_table.py JSON (cells with candidates)")
+    ap.add_argument("--tolerance", type=float, default=1.05, help="a pick within this of the fastest is no miss")
+    ap.add_argument("--md", default=None, help="also write the summary and the misses as Markdown here")
+    a = ap.parse_args(argv)
+    if a.tolerance < 1.0:
+        ap.error(f"--tolerance must be at least 1.0, got {a.tolerance}")
+    with open(a.recording) as f:
+        rows = replay(json.load(f), a.tolerance)
+    never = [f"{r['op']} {r['dtype']} {r['direction']} {r['shape']}: {r['pick']} ({knob_text(r['knobs'])})"
+             for r in rows if r["verdict"] == "unmeasured"]  # fmt: skip
+    text = summary(rows, a.tolerance) + "\n\nMisses:\n\n" + table(rows)
+    text += "\n\nPicks never timed:\n\n" + "\n".join(f"- {n}" for n in never)
+    print(text)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(f"# Picks of today's planner, priced by `{os.path.basename(a.recording)}`\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
