@@ -13,6 +13,7 @@ constexpr int kMinThreadsPerRow = 4;          // fewer: a warp's stores scatter 
 constexpr int kChunkVecs = 8;                 // vectors a thread streams a chunk where no design holds the row
 constexpr int64_t kMinSliceBytes = 8 * 1024;  // narrower slices leave the exchange unpaid
 constexpr int kDeferredStages = 3;            // a deferred-statistics ring
+
 // Inputs of kL1AllocMinInputBytes or more read through L1; outputs past L2 stored evict-first.
 unsigned memory_flags(const NormProblem& p) {
   const int64_t bytes = p.rows * p.row_bytes();
@@ -89,11 +90,10 @@ void chunked_row(const NormProblem& p, NormMode mode, const Gpu& gpu, bool in_sm
   const Layout l = layout_of(p, 1, nv_target, cta);
   const int nv = std::min(l.nv, nv_target), regs = 32 + nv * p.vec() * p.esize() / 2;
   const int64_t smem = in_smem ? int64_t(l.rows) * p.row_bytes() : 0;
-  const int blocks = fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
-  const bool spills = in_smem && regs_at(l.threads, blocks) < regs;  // reload_row, the last resort, stays
-  if (spills || smem > gpu.smem_per_cta() || !mode_allows(mode, persistent, in_smem)) return;
+  if (smem > gpu.smem_per_cta() || !mode_allows(mode, persistent, in_smem)) return;
   const unsigned flags = p.fwd_flags() | (in_smem ? kSmemRow | memory_flags(p) | affine_flags(p, nv, l.row_blocks, gpu)
                                                   : memory_flags(p) & ~kL1Allocate);
+  const int blocks = fit_smem(blocks_leaving(l.threads, std::min(4, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
   const auto d = in_smem ? FwdDesign::kSmemRow : FwdDesign::kReloadRow;
   Candidate& c = add_candidate(out, p, int(d), fwd_family(p.kind), l, nv, blocks, regs, flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
