@@ -141,6 +141,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   d["candidates"] = candidates_list(f.trace, true);
   d["cost_us"] = f.cost_us;
   d["tuned"] = f.trace.tuned;
+  d["forced"] = f.trace.forced;
   d["cached_row"] = f.cached;
   d["persistent"] = f.persistent;
   d["smem"] = f.smem;
@@ -166,6 +167,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["candidates"] = candidates_list(b.trace, false);
   bd["cost_us"] = b.cost_us;
   bd["tuned"] = b.trace.tuned;
+  bd["forced"] = b.trace.forced;
   bd["cached_row"] = b.cached;
   bd["split"] = b.split;
   put_launch(bd, b.key, b.row_blocks);

@@ -7,8 +7,11 @@ lists each design's knobs). Softmax: ``softmax_override(design=None,
 **knobs)``. Everything is checked before anything is set: an unknown design
 or a knob the design (or, with none forced, every design) does not declare
 raises ValueError naming what is valid. A problem the forced design cannot
-run, or no candidate matching the knobs, plans as usual. Setting overrides
-clears the plan memo.
+run, or with no candidate matching the knobs, is planned by the cost model
+alone, and ``explain(...)["forced"]`` is False there. With a design forced
+it then ranks every design of the catalogue, those the planner leaves out
+as dominated included, so its pick may differ from the plan without the
+override. Setting overrides clears the plan memo.
 
 Process-wide: do not change them while other threads launch rtcnorm ops.
 """

@@ -105,6 +105,11 @@ def explain(
     "per_token", "mxfp8", "nvfp4"), with ``quant_dtype`` (default: the
     recipe's) and ``scale_layout``, plans the forward with that quantized
     output (docs/quantized_outputs.md).
+
+    ``"forced"`` (forward, and under ``"backward"``) is True where an
+    override of ``rtcnorm._tuning`` restricted the candidates; an override
+    that matches no candidate of the problem leaves it False. ``"tuned"`` is
+    True where a measured choice of ``rtcnorm.tune`` was taken.
     """
     if op not in _OPS:
         raise ValueError(f"rtcnorm.explain: op must be one of {_OPS}, got {op!r}")

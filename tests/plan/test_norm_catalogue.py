@@ -138,7 +138,18 @@ def test_a_forced_design_that_cannot_run_plans_as_usual():
     """column_grads needs few row blocks; on many rows the cost model decides."""
     with _tuning.norm_override("bwd", "column_grads"):
         d = plan(shape=(262144, 4096))["backward"]
-    assert d["design"] != "column_grads"
+    assert d["design"] != "column_grads" and not d["forced"]
+
+
+def test_explain_says_whether_an_override_applied():
+    """``forced`` is a trace field: True only where the override restricted the candidates."""
+    assert not plan()["forced"] and not plan()["backward"]["forced"]
+    with _tuning.norm_override("bwd", "register_row", cta_threads=256, vecs_per_thread=2):
+        p = plan(shape=(16384, 4096))
+    assert p["backward"]["forced"] and not p["forced"]
+    # Knobs no candidate of this problem has: the override does not apply.
+    with _tuning.norm_override("fwd", "register_row", cta_threads=96, vecs_per_thread=63):
+        assert not plan(shape=(16384, 4096))["forced"]
 
 
 @pytest.mark.parametrize(
