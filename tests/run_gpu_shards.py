@@ -10,8 +10,7 @@ short:
   every kernel once per shard.
 - Shards compile on demand (RTCNORM_TEST_PRECOMPILE=0): conftest.py's
   session precompile of the whole matrix on every core, run by several
-  shards at once, oversubscribes the CPU many times over (on 16 cores, 7
-  shards that met it finished no test in 520 s).
+  shards at once, would oversubscribe the CPU once per shard.
 - Tests are dealt out by file, in chunks of at most an even share, largest
   chunk first to the least loaded shard: a shard meets few files, so its
   in-process kernel and `torch.compile` caches are reused.
