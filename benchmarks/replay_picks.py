@@ -24,6 +24,9 @@ import json
 import os
 import sys
 
+from tune_table import DTYPES
+from tune_table_report import choice_text
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT = os.path.join(HERE, "results", "default_vs_tuned_h200.json")
 
@@ -33,7 +36,6 @@ def replay(doc: dict, tolerance: float = 1.05) -> list[dict]:
     import rtcnorm
     import torch
 
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     rows = []
     for c in doc["cells"]:
         timed = {(d, json.dumps(k, sort_keys=True)): us for d, k, us in c.get("candidates") or []}
@@ -41,8 +43,8 @@ def replay(doc: dict, tolerance: float = 1.05) -> list[dict]:
         if not timed:
             rows.append(row | {"verdict": "no candidates"})
             continue
-        arch = c.get("arch", "sm_90")
-        plan = rtcnorm.explain(c["op"], (c["rows"], c["n"]), dtypes[c["dtype"]], device="cpu", arch=arch,
+        dtype, arch = getattr(torch, DTYPES[c["dtype"]]), c.get("arch", "sm_90")
+        plan = rtcnorm.explain(c["op"], (c["rows"], c["n"]), dtype, device="cpu", arch=arch,
                                sm_count=c.get("sm_count", 132))  # fmt: skip
         plan = plan if c["direction"] == "fwd" else plan["backward"]
         (best_key, best_us) = min(timed.items(), key=lambda kv: kv[1])
@@ -68,15 +70,15 @@ def summary(rows: list[dict], tolerance: float) -> str:
     )
 
 
-def knob_text(k: dict) -> str:
-    return " ".join(f"{n}={v}" for n, v in sorted(k.items()))
+def _pick(r: dict) -> str:
+    return choice_text({"design": r["pick"], "knobs": r["knobs"]})
 
 
 def table(rows: list[dict]) -> str:
     head = "| op | dtype | dir | shape | pick | pick us | fastest timed | its us | ratio |\n|---|---|---|---|---|---|---|---|---|"
     body = [
-        f"| {r['op']} | {r['dtype']} | {r['direction']} | {r['shape']} | {r['pick']} ({knob_text(r['knobs'])}) | "
-        f"{r['pick_us']:.2f} | {r['best']} ({knob_text(r['best_knobs'])}) | {r['best_us']:.2f} | {r['ratio']:.3f} |"
+        f"| {r['op']} | {r['dtype']} | {r['direction']} | {r['shape']} | {_pick(r)} | {r['pick_us']:.2f} | "
+        f"{choice_text({'design': r['best'], 'knobs': r['best_knobs']})} | {r['best_us']:.2f} | {r['ratio']:.3f} |"
         for r in sorted((r for r in rows if r["verdict"] == "miss"), key=lambda r: -r["ratio"])
     ]
     return "\n".join([head, *body])
@@ -92,8 +94,11 @@ def main(argv=None) -> int:
         ap.error(f"--tolerance must be at least 1.0, got {a.tolerance}")
     with open(a.recording) as f:
         rows = replay(json.load(f), a.tolerance)
-    never = [f"{r['op']} {r['dtype']} {r['direction']} {r['shape']}: {r['pick']} ({knob_text(r['knobs'])})"
-             for r in rows if r["verdict"] == "unmeasured"]  # fmt: skip
+    never = [
+        f"{r['op']} {r['dtype']} {r['direction']} {r['shape']}: {_pick(r)}"
+        for r in rows
+        if r["verdict"] == "unmeasured"
+    ]
     text = summary(rows, a.tolerance) + "\n\nMisses:\n\n" + table(rows)
     text += "\n\nPicks never timed:\n\n" + "\n".join(f"- {n}" for n in never)
     print(text)

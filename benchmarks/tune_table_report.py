@@ -77,7 +77,8 @@ def _same(r: dict) -> bool:
     return (r["default"]["design"], r["default"]["knobs"]) == (r["tuned"]["design"], r["tuned"]["knobs"])
 
 
-def _choice(c: dict) -> str:
+def choice_text(c: dict) -> str:
+    """A design choice {design, knobs} as `design (knob=value ...)`."""
     knobs = " ".join(f"{k}={v}" for k, v in sorted(c["knobs"].items()))
     return f"{c['design']} ({knobs})" if knobs else c["design"]
 
@@ -122,8 +123,8 @@ def markdown(gpu: str, cells: dict, expected: dict, summary: dict, meta: dict) -
                 ok = r["ratio"] <= TARGET
                 n_in += ok
                 rows.append(
-                    f"| {where} | {_shape(k)} | {_choice(r['default'])} | {r['default']['us']:.2f} "
-                    f"| {'same' if _same(r) else _choice(r['tuned'])} | {r['tuned']['us']:.2f} "
+                    f"| {where} | {_shape(k)} | {choice_text(r['default'])} | {r['default']['us']:.2f} "
+                    f"| {'same' if _same(r) else choice_text(r['tuned'])} | {r['tuned']['us']:.2f} "
                     f"| {r['ratio']:.3f}{'' if ok else ' **miss**'} |"
                 )
         lines += [
