@@ -32,8 +32,9 @@ __host__ __device__ constexpr int flat_piece() {
 // `first` (the block's first element rounded down to a piece); the block's
 // own elements are buffer elements [own, span); `pieces` pieces cover them,
 // of which the first `whole` lie wholly inside the tensor. A block fits
-// shared memory, so every offset from `first` is 32-bit; the geometry is
-// formed once a block, not once a tensor or a piece.
+// shared memory, so every offset from `first` is 32-bit. flat_ring forms
+// the geometry when it stages a block and again when it works on it, never
+// once a tensor or a piece.
 struct FlatBlock {
   long long first;
   int own, span, pieces, whole;
