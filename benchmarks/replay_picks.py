@@ -14,7 +14,12 @@ A cost-model change can be checked here before it reaches a GPU: the picks it
 moves should land on faster recorded candidates. The recorded times are those
 of the recording's tree, so kernels changed since make them stale.
 
-    python benchmarks/replay_picks.py [results/default_vs_tuned_h200.json] [--md out.md]
+Several recordings are merged per problem (op, dtype, direction, shape, GPU):
+their candidates are pooled, and a candidate timed in more than one takes the
+later file's time. By default: the tune recording and the backward sweeps of
+`bwd_occupancy_h200.json` (docs/history.md entry 99).
+
+    python benchmarks/replay_picks.py [RECORDING ...] [--md out.md]
 """
 
 from __future__ import annotations
@@ -28,7 +33,20 @@ from tune_table import DTYPES
 from tune_table_report import choice_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT = os.path.join(HERE, "results", "default_vs_tuned_h200.json")
+DEFAULTS = [os.path.join(HERE, "results", name) for name in ("default_vs_tuned_h200.json", "bwd_occupancy_h200.json")]
+
+
+def merged(docs: list[dict]) -> dict:
+    """One recording of several: a problem's timed candidates pooled, later files winning."""
+    cells: dict = {}
+    for doc in docs:
+        for c in doc["cells"]:
+            key = (c["op"], c["dtype"], c["direction"], c["rows"], c["n"], c.get("arch"), c.get("sm_count"))
+            into = cells.setdefault(key, dict(c, candidates=[]))
+            timed = {(d, json.dumps(k, sort_keys=True)): us for d, k, us in into["candidates"]}
+            timed |= {(d, json.dumps(k, sort_keys=True)): us for d, k, us in c.get("candidates") or []}
+            into["candidates"] = [[d, json.loads(k), us] for (d, k), us in timed.items()]
+    return {"cells": list(cells.values())}
 
 
 def replay(doc: dict, tolerance: float = 1.05) -> list[dict]:
@@ -86,14 +104,17 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("recording", nargs="?", default=DEFAULT, help="a tune_table.py JSON (cells with candidates)")
+    ap.add_argument("recordings", nargs="*", default=DEFAULTS, help="tune_table.py JSONs (cells with candidates)")
     ap.add_argument("--tolerance", type=float, default=1.05, help="a pick within this of the fastest is no miss")
     ap.add_argument("--md", default=None, help="also write the summary and the misses as Markdown here")
     a = ap.parse_args(argv)
     if a.tolerance < 1.0:
         ap.error(f"--tolerance must be at least 1.0, got {a.tolerance}")
-    with open(a.recording) as f:
-        rows = replay(json.load(f), a.tolerance)
+    docs = []
+    for path in a.recordings:
+        with open(path) as f:
+            docs.append(json.load(f))
+    rows = replay(merged(docs), a.tolerance)
     never = [
         f"{r['op']} {r['dtype']} {r['direction']} {r['shape']}: {_pick(r)}"
         for r in rows
@@ -104,7 +125,8 @@ def main(argv=None) -> int:
     print(text)
     if a.md:
         with open(a.md, "w") as f:
-            f.write(f"# Picks of today's planner, priced by `{os.path.basename(a.recording)}`\n\n{text}\n")
+            names = ", ".join(f"`{os.path.basename(p)}`" for p in a.recordings)
+            f.write(f"# Picks of today's planner, priced by {names}\n\n{text}\n")
     return 0
 
 

@@ -7,19 +7,20 @@
 namespace rtcnorm {
 namespace {
 
-constexpr double kLatencyUs = 1.2;        // a row block's load - reduce - store chain
-constexpr double kBarrierUs = 0.15;       // a cross-warp reduction round of up to 8 warps
-constexpr double kExchangeUs = 0.6;       // slices' statistics meeting (cluster or global memory)
-constexpr double kLaunchUs = 1.5;         // a dependent kernel's launch and ramp
-constexpr double kSmemPass = 0.10;        // a row's pass through shared memory, relative to its DRAM time
-constexpr double kPartialOverlap = 0.25;  // the share of the shorter of streaming and the chain not hidden
-constexpr double kBarrierBytes = 13.0;    // a barrier round costs a thread the time of loading this many bytes
-constexpr double kL2TripUs = 0.3;         // gamma fetched after the reduction (not preloaded)
-constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds: statistics and normalize
-constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
-constexpr double kSplitEfficiency = 0.6;  // the split column kernel walks rows down columns
-constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
-constexpr double kSmAlone = 2.5;          // an SM streaming alone: times its DRAM share (H200: ~70 GB/s against 27)
+constexpr double kLatencyUs = 1.2;         // a row block's load - reduce - store chain
+constexpr double kBarrierUs = 0.15;        // a cross-warp reduction round of up to 8 warps
+constexpr double kExchangeUs = 0.6;        // slices' statistics meeting (cluster or global memory)
+constexpr double kLaunchUs = 1.5;          // a dependent kernel's launch and ramp
+constexpr double kSmemPass = 0.10;         // a row's pass through shared memory, relative to its DRAM time
+constexpr double kPartialOverlap = 0.25;   // the share of the shorter of streaming and the chain not hidden
+constexpr double kBarrierBytes = 13.0;     // a barrier round costs a thread the time of loading this many bytes
+constexpr double kL2TripUs = 0.3;          // gamma fetched after the reduction (not preloaded)
+constexpr double kFwdElementUs = 0.02;     // a thread's work an element it holds: statistics and normalize
+constexpr double kBwdElementUs = 0.05;     // the same for two row dots, dx and the dW / dB sums
+constexpr double kSplitEfficiency = 0.45;  // the split column kernel walks rows down columns
+constexpr double kHideWarpsPerUs = 240;    // warps an SM needs to stream at full rate, a us of work an element
+constexpr double kPersistentLoop = 0.97;   // a persistent CTA's gap between one row block and the next
+constexpr double kSmAlone = 2.5;           // an SM streaming alone: times its DRAM share (H200: ~70 GB/s against 27)
 // Rows read in narrow accesses (narrow_access) reach this much of copy, plus the rest in proportion to an access's
 // bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
@@ -60,8 +61,7 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   c.grid = static_cast<int64_t>(busy) * slices;
   // A CTA loads between its barriers (`duty`), a ring further ahead; an SM idles while all its CTAs wait.
   const double ahead = c.knobs.ring_stages > 1 ? c.knobs.ring_stages - 1 : 1.0;
-  const double ctas_per_sm = busy * slices / gpu.sm_count;
-  const double cta_bytes = s.row_block_bytes / slices;
+  const double ctas_per_sm = busy * slices / gpu.sm_count, cta_bytes = s.row_block_bytes / slices;
   c.in_flight = ctas_per_sm * cta_bytes * ahead;
   const double thread_bytes = cta_bytes / std::max(1, threads);
   const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
@@ -71,9 +71,9 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   const bool one_shot = rounds <= 1 && !s.walks_rows;
   const double requesters = std::max(1.0, ctas_per_sm) * (s.loads_ahead ? 2.0 : 1.0);
   const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, requesters);
-  const double balance = blocks / (rounds * busy);
-  const double loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
-  c.efficiency = overlap * balance * s.design_efficiency * loop;
+  const double balance = blocks / (rounds * busy), loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
+  const double sm_warps = std::max(1.0, ctas_per_sm) * ceil_div(threads, 32), hide = kHideWarpsPerUs * s.element_us;
+  c.efficiency = overlap * balance * s.design_efficiency * loop * std::min(1.0, sm_warps / std::max(1.0, hide));
   // The dependent chain: each slot's row blocks in turn, a thread's own work exposed once at the end.
   const double warps_per_row = c.key.threads_per_row / 32.0;
   const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
