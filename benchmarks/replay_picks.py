@@ -15,8 +15,10 @@ moves should land on faster recorded candidates. The recorded times are those
 of the recording's tree, so kernels changed since make them stale.
 
 Several recordings are merged per problem (op, dtype, direction, shape, GPU):
-their candidates are pooled, and a candidate timed in more than one takes the
-later file's time. By default: the tune recording and the backward sweeps of
+a problem in more than one takes the last file's cell whole, never a mix, as
+their timers may differ (tune's CUDA events include the gaps between a call's
+kernels, a profiler's kernel sum does not: up to 2.5x apart on 3 us problems).
+By default: the tune recording, then the backward sweeps of
 `bwd_occupancy_h200.json` (docs/history.md entry 99).
 
     python benchmarks/replay_picks.py [RECORDING ...] [--md out.md]
@@ -37,15 +39,11 @@ DEFAULTS = [os.path.join(HERE, "results", name) for name in ("default_vs_tuned_h
 
 
 def merged(docs: list[dict]) -> dict:
-    """One recording of several: a problem's timed candidates pooled, later files winning."""
+    """One recording of several: a problem recorded more than once takes the last file's cell."""
     cells: dict = {}
     for doc in docs:
         for c in doc["cells"]:
-            key = (c["op"], c["dtype"], c["direction"], c["rows"], c["n"], c.get("arch"), c.get("sm_count"))
-            into = cells.setdefault(key, dict(c, candidates=[]))
-            timed = {(d, json.dumps(k, sort_keys=True)): us for d, k, us in into["candidates"]}
-            timed |= {(d, json.dumps(k, sort_keys=True)): us for d, k, us in c.get("candidates") or []}
-            into["candidates"] = [[d, json.loads(k), us] for (d, k), us in timed.items()]
+            cells[(c["op"], c["dtype"], c["direction"], c["rows"], c["n"], c.get("arch"), c.get("sm_count"))] = c
     return {"cells": list(cells.values())}
 
 

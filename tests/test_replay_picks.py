@@ -49,20 +49,19 @@ def test_a_cell_without_candidates_is_counted_not_priced():
     assert text.startswith("0 of 0 timed picks") and "1 cells without candidates" in text
 
 
-def test_recordings_merge_per_problem_with_the_later_time_winning():
+def test_a_problem_in_several_recordings_takes_the_last_cell_whole():
     a = cell([["register_row", {"vecs_per_thread": 4}, 10.0], ["staged_row", {"vecs_per_thread": 4}, 12.0]])
     b = cell([["register_row", {"vecs_per_thread": 4}, 11.0], ["register_row", {"vecs_per_thread": 2}, 9.0]])
     other = dict(cell([["register_row", {"vecs_per_thread": 1}, 5.0]]), direction="bwd")
     (one, two) = R.merged([{"cells": [a, other]}, {"cells": [b]}])["cells"]
-    times = {(d, k["vecs_per_thread"]): us for d, k, us in one["candidates"]}
-    assert times == {("register_row", 4): 11.0, ("staged_row", 4): 12.0, ("register_row", 2): 9.0}
+    assert one["candidates"] == b["candidates"]  # timers differ between recordings: never pooled
     assert two["direction"] == "bwd" and len(two["candidates"]) == 1
 
 
 def test_the_h200_recordings_still_price_most_picks_within_5_percent(tmp_path):
     """A planner change that moves many picks off the recorded winners fails here
-    before a GPU run: 178 of the 214 timed picks were within 5% when this was
-    written (docs/history.md entry 99; the planner before it: 150)."""
+    before a GPU run: 181 of the 214 timed picks were within 5% when this was
+    written (docs/history.md entry 99; the planner before it: 154)."""
     docs = []
     for path in R.DEFAULTS:
         with open(path) as f:
