@@ -6,6 +6,7 @@ test checks that explain() on the device takes a seeded choice."""
 from __future__ import annotations
 
 import json
+import os
 import types
 
 import pytest
@@ -129,6 +130,20 @@ def test_a_seeded_choice_never_replaces_one_the_process_knows(fresh_store):
     assert _C._norm_seed_tuned(*args) is False  # known now
     _C._norm_forget_tuned()
     assert _C._norm_seed_tuned(*args) is True
+
+
+def test_every_shipped_h200_entry_differs_from_the_planners_own_pick():
+    """An entry the cost model already picks is dead weight, and entries it beats
+    were dropped when the model changed (docs/history.md entry 99): each entry
+    of the shipped H200 table names a plan other than the planner's."""
+    with open(os.path.join(tuned_table.DATA_DIR, "tuned_h200.json")) as f:
+        table = json.load(f)
+    assert table["gpu"] == H200[0] and len(table["entries"]) >= 30
+    for e in table["entries"]:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[e["dtype"]]
+        plan = rtcnorm.explain(e["op"], (e["rows"], e["n"]), dtype, device="cpu", arch="sm_90", sm_count=H200[1])
+        plan = plan if e["direction"] == "fwd" else plan["backward"]
+        assert (plan["design"], plan["knobs"]) != (e["design"], e["knobs"]), e
 
 
 def test_entries_the_catalogue_rejects_are_skipped_with_a_warning(fresh_store):
