@@ -17,7 +17,7 @@ of the recording's tree, so kernels changed since make them stale.
 Several recordings are merged per problem (op, dtype, direction, shape, GPU):
 a problem in more than one takes the last file's cell whole, never a mix, as
 their timers may differ (tune's CUDA events include the gaps between a call's
-kernels, a profiler's kernel sum does not: up to 2.5x apart on 3 us problems).
+kernels, a profiler's kernel sum does not: up to 2.7x apart on 3 us problems).
 By default: the tune recording, then the backward sweeps of
 `bwd_occupancy_h200.json` (docs/history.md entry 99).
 

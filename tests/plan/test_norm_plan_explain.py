@@ -101,9 +101,9 @@ def test_odd_16_bit_rows_quantize_from_flat_rows(recipe, qdtype, m, n):
     ("op", "m", "n"), [("layer_norm", 16384, 5120), ("rms_norm", 16384, 5120), ("layer_norm", 16384, 8192)]
 )
 def test_a_layout_two_cta_sizes_share_is_ranked_once(op, m, n):
-    """160 (256) threads a row fill a 256- (512-) thread CTA with one row, the
-    layout of the smaller CTA: it is a candidate once. Repeats had taken half
-    the six ranked places, which tune() times."""
+    """A row of 160 or 256 threads makes a CTA of one row at both 128 and 256
+    threads: one layout, a candidate once. Repeats had taken half the six
+    ranked places, which tune() times."""
     plan = rtcnorm.explain(op, (m, n), BF16, device="cpu", arch="sm_90", sm_count=132)["backward"]
     ranked = [repr((c["design"], sorted(c["knobs"].items()))) for c in plan["candidates"]]
     assert len(ranked) == len(set(ranked)) == 6, ranked
