@@ -47,6 +47,15 @@ def merged(docs: list[dict]) -> dict:
     return {"cells": list(cells.values())}
 
 
+def load(paths: list[str]) -> dict:
+    """The recordings at `paths`, merged in that order."""
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    return merged(docs)
+
+
 def replay(doc: dict, tolerance: float = 1.05) -> list[dict]:
     """One row per recorded cell: its pick today and the verdict above."""
     import rtcnorm
@@ -108,11 +117,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.tolerance < 1.0:
         ap.error(f"--tolerance must be at least 1.0, got {a.tolerance}")
-    docs = []
-    for path in a.recordings:
-        with open(path) as f:
-            docs.append(json.load(f))
-    rows = replay(merged(docs), a.tolerance)
+    rows = replay(load(a.recordings), a.tolerance)
     never = [
         f"{r['op']} {r['dtype']} {r['direction']} {r['shape']}: {_pick(r)}"
         for r in rows

@@ -3,7 +3,6 @@
 Synthetic recordings whose candidates are set around the planner's own pick
 fix each verdict; the shipped H200 recording guards the planner itself."""
 
-import json
 import os
 import sys
 
@@ -62,11 +61,7 @@ def test_the_h200_recordings_still_price_most_picks_within_5_percent(tmp_path):
     """A planner change that moves many picks off the recorded winners fails here
     before a GPU run: 181 of the 214 timed picks were within 5% when this was
     written (docs/history.md entry 99; the planner before it: 154)."""
-    docs = []
-    for path in R.DEFAULTS:
-        with open(path) as f:
-            docs.append(json.load(f))
-    rows = R.replay(R.merged(docs))
+    rows = R.replay(R.load(R.DEFAULTS))
     timed = [r for r in rows if r["verdict"] in ("within", "miss")]
     assert len(rows) == 217 and len(timed) >= 205
     assert sum(r["verdict"] == "within" for r in timed) >= 170
