@@ -80,6 +80,39 @@ def test_backward_of_4_byte_widths(op, dtype, m, n, poison):
         assert_close(grads[2], ref["db"], what="db", reduce_len=m)
 
 
+# Rows wider than a CTA's registers hold, read from a one-stage ring in
+# chunks: every CTA size the planner offers, rows whose width leaves a short
+# last chunk, float32 gamma / beta, and (RMSNorm) the residual sum in its own
+# stage.
+WIDE = [(torch.bfloat16, 3, 112459), (torch.float16, 5, 40001), (torch.bfloat16, 1, 65537), (torch.bfloat16, 7, 33333)]
+
+
+@pytest.mark.parametrize("threads", [256, 512, 1024])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("dtype,m,n", WIDE, ids=[f"{str(d)[6:]}-{m}x{n}" for d, m, n in WIDE])
+def test_rows_read_from_the_stage_in_chunks(op, dtype, m, n, threads, poison):
+    if op == "add_rms_norm" and (2 * n * dtype.itemsize > 200 * 1024 or threads == 1024):
+        pytest.skip("x and the residual do not fit one stage, or 1024 threads' registers")
+    x = torch.randn(m, n, device="cuda", dtype=dtype) * 3 + 1
+    r = torch.randn(m, n, device="cuda", dtype=dtype) if op == "add_rms_norm" else None
+    wdtype = torch.float32 if dtype == torch.float16 else dtype  # float32 gamma / beta loaded as used too
+    w, b = torch.randn(n, device="cuda", dtype=wdtype), torch.randn(n, device="cuda", dtype=wdtype)
+    base = "layer_norm" if op == "layer_norm" else "rms_norm"
+    with _tuning.norm_override("fwd", "flat_row", cta_threads=threads):
+        e = rtcnorm.explain(base, (m, n), dtype, device="cuda", residual=r is not None, weight_dtype=wdtype)
+        assert (e["design"], e["knobs"]["cta_threads"]) == ("flat_row", threads), e["reason"]
+        assert e["knobs"]["vecs_per_thread"] * threads < n  # the row is read in chunks
+        poison(4 * m * n * 4)
+        if op == "layer_norm":
+            y, ref = rtcnorm.layer_norm(x, n, w, b, 1e-5), ref_layer_norm(x, [n], w, b, 1e-5)
+        else:
+            y, ref = rtcnorm.rms_norm(x, n, w, 1e-6, residual=r), ref_rms_norm(x, [n], w, 1e-6, residual=r)
+    if r is not None:
+        y, h = y
+        assert torch.equal(h, ref["h"])
+    assert_close(y, ref["y"], what="y")
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_unaligned_and_strided_rows_plan_another_design(op, poison):
     n = 1973

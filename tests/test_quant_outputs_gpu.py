@@ -54,8 +54,9 @@ def test_gpu_strided_rows_zero_centered_gamma(recipe, out_dtype, layout, norm, n
 
 
 # flat_row carries the epilogue for 16-bit rows of odd width: one row block
-# (1, 3 rows), many blocks with a partial last one, a row shorter than a block.
-@pytest.mark.parametrize(("m", "n"), [(1, 1973), (3, 4097), (517, 1973), (129, 33), (64, 5)])
+# (1, 3 rows), many blocks with a partial last one, a row shorter than a block,
+# rows read from their stage in chunks.
+@pytest.mark.parametrize(("m", "n"), [(1, 1973), (3, 4097), (517, 1973), (129, 33), (64, 5), (3, 40001)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize(("recipe", "out_dtype", "layout"), RECIPES, ids=RECIPE_IDS)

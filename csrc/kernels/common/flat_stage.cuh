@@ -101,11 +101,12 @@ __device__ __forceinline__ void flat_flush(T* dst, const T* src, const FlatBlock
 }
 
 // The ring shared by both directions: a persistent CTA visits row blocks
-// blockIdx.x, + gridDim.x, ...; the copies of `src`'s K tensors for the next
-// block start before it works on the current one (src: K pointers at least). `before(rb)` runs while
+// blockIdx.x, + gridDim.x, ...; with STAGES > 1 the copies of `src`'s K
+// tensors for the next block start before it works on the current one (src:
+// K pointers at least); a ring of one stage copies each block as it comes. `before(rb)` runs while
 // the stage's copies land (loads that need no stage); then
 // `body(rb, block, stage, before's value)` works on the stage and flushes it.
-template <typename T, int K, int BUF, typename Before, typename Body>
+template <typename T, int K, int BUF, int STAGES = kFlatStages, typename Before, typename Body>
 __device__ __forceinline__ void flat_ring(T* stages, const T* const* src, long long row_blocks, int rows_per_block,
                                           long long rows, int n, Before before, Body body) {
   const auto fill = [&](int s, long long rb) {
@@ -116,15 +117,15 @@ __device__ __forceinline__ void flat_ring(T* stages, const T* const* src, long l
   };
   int s = 0;
 #pragma unroll
-  for (int k = 0; k + 1 < kFlatStages; ++k) fill(k, blockIdx.x + 1LL * k * gridDim.x);
+  for (int k = 0; k + 1 < STAGES; ++k) fill(k, blockIdx.x + 1LL * k * gridDim.x);
   for (long long rb = blockIdx.x; rb < row_blocks; rb += gridDim.x) {
-    fill(s == 0 ? kFlatStages - 1 : s - 1, rb + 1LL * (kFlatStages - 1) * gridDim.x);
+    fill(s == 0 ? STAGES - 1 : s - 1, rb + 1LL * (STAGES - 1) * gridDim.x);
     const auto early = before(rb);
-    cp_async_wait<kFlatStages - 1>();
+    cp_async_wait<STAGES - 1>();
     __syncthreads();  // every thread's copies of this stage have landed
     body(rb, flat_block<T>(rb, rows_per_block, rows, n), stages + s * K * BUF, early);
     __syncthreads();  // the stage is read out before the next fill reuses it
-    s = s + 1 == kFlatStages ? 0 : s + 1;
+    s = s + 1 == STAGES ? 0 : s + 1;
   }
   cp_async_wait<0>();
 }

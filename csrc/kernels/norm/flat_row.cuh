@@ -16,14 +16,21 @@
 //   aligned base: x and the residual in the forward, x, dy and dh in the
 //   backward; y, h and dx are the launcher's own allocations.
 // - A thread holds its vectors of a row in registers: N / VEC <= TPR * NV.
-// - A ring of kFlatStages stages (common/params.cuh): the copies of the
-//   CTA's next row block are in flight while it works on the current one.
-//   A stage holds one buffer of flat_buffer_elems elements a row tensor.
+//   The forward also takes wider rows, one a CTA (ROWS == 1): it reads the
+//   row from its stage in flat_chunks chunks of TPR * NV vectors, a pass for
+//   the statistics and one for the outputs (and one for a quantized row's
+//   amax), loading gamma / beta as it normalizes.
+// - A ring of flat_stages stages (common/params.cuh): kFlatStages, so the
+//   copies of the CTA's next row block are in flight while it works on the
+//   current one; one for a row read in chunks, whose stage fills shared
+//   memory. A stage holds one buffer of flat_buffer_elems elements a row
+//   tensor.
 // - A quantized forward (kQuantBits) writes its codes and scales straight
 //   from registers through norm/quant_epilogue.cuh; only h goes through the
 //   stage.
 // - The arithmetic is the register-row designs' (norm/fwd_common.cuh,
-//   norm/bwd_common.cuh): the same operations in the same order a row. The
+//   norm/bwd_common.cuh): the same operations in the same order a row (a row
+//   read in chunks: the streamed rows' merged chunk statistics). The
 //   backward's second pass reads x and dy from the stage again (dx as the
 //   re-reading designs form it).
 // - Backward: each CTA sums dW / dB of its columns in registers over every row
@@ -46,17 +53,23 @@ template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, i
 __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
   using PT = Pack<T, VEC>;
   using Stats = NormStats<KIND>;
+  using Acc = typename Stats::Acc;
   constexpr int kVecs = N / VEC;
+  constexpr int kChunk = TPR * NV;
+  constexpr int kChunks = flat_chunks(kVecs, kChunk);
+  constexpr bool kStaged = kChunks > 1;  // the row is read from its stage, a chunk at a time
   constexpr bool kRes = (FLAGS & kResidual) != 0;
   constexpr bool kCs = (FLAGS & kStreamStore) != 0;
   constexpr int kTensors = kRes ? 2 : 1;  // x (h written in its place), residual (y in its place)
   constexpr int kBuf = flat_buffer_elems(ROWS, N, sizeof(T));
-  static_assert(N % VEC == 0 && kVecs <= TPR * NV, "a thread holds its vectors of a row");
+  static_assert(N % VEC == 0, "N must be a multiple of VEC");
+  static_assert(!kStaged || ROWS == 1, "a row read a chunk at a time is its CTA's only row");
   static_assert((FLAGS & (kClusterBits | kCluster16 | kGridExchange)) == 0, "a flat row block is one CTA's");
   using Quant = QuantEpilogue<T, N, VEC, TPR, FLAGS>;
   Quant quant_out(p);
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
+  __shared__ GroupScratch<TPR, ROWS, Acc> chunk_scratch;
   extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
   T* const stages = reinterpret_cast<T*>(norm_dyn_smem);
   constexpr bool kFlat = flat_lanes<TPR, ROWS>();
@@ -65,11 +78,14 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
   const T* x = static_cast<const T*>(p.x);
   const T* res = static_cast<const T*>(p.residual);
 
-  // gamma / beta of this thread's columns, the same for every row.
-  float kg[NV][VEC], kb[NV][VEC];
+  // gamma / beta of this thread's columns, the same for every row (a row
+  // read in chunks loads each vector's as it normalizes it).
+  float kg[kStaged ? 1 : NV][VEC], kb[kStaged ? 1 : NV][VEC];
+  if constexpr (!kStaged) {
 #pragma unroll
-  for (int i = 0; i < NV; ++i)
-    if (i * TPR + lane < kVecs) load_affine<W, VEC, FLAGS>(p, i * TPR + lane, kg[i], kb[i]);
+    for (int i = 0; i < NV; ++i)
+      if (i * TPR + lane < kVecs) load_affine<W, VEC, FLAGS>(p, i * TPR + lane, kg[i], kb[i]);
+  }
 
   const auto block = [&](long long rb, const FlatBlock& b, T* stage, int) {
     T* const xbuf = stage;
@@ -79,25 +95,39 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
     const long long row = rb * ROWS + group;
     const bool row_ok = ROWS == 1 || row < p.rows;  // one row a block: every block is a row
 
+    // Chunk c into xv (ok: the vectors that exist); the first visit adds the
+    // residual and leaves h in x's place.
     PT xv[NV];
     bool ok[NV];
+    const auto load_chunk = [&](int c, bool first) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int v = i * TPR + lane;
-      ok[i] = row_ok && (i < kVecs / TPR || v < kVecs);  // earlier i: every lane's v < kVecs
-      if (!ok[i]) continue;
-      xv[i] = xs[v];
-      if constexpr (kRes) {
-        const PT rv = rs[v];
+      for (int i = 0; i < NV; ++i) {
+        const int v = c * kChunk + i * TPR + lane;
+        ok[i] = row_ok && (kVecs % kChunk == 0 || v < kVecs);
+        if (!ok[i]) continue;
+        xv[i] = xs[v];
+        if (kRes && first) {
+          const PT rv = rs[v];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(elem_float(xv[i], j) + elem_float(rv, j));
-        xs[v] = xv[i];  // h
+          for (int j = 0; j < VEC; ++j) xv[i].e[j] = from_float<T>(elem_float(xv[i], j) + elem_float(rv, j));
+          xs[v] = xv[i];  // h
+        }
       }
-    }
+    };
     float mean, rstd;
-    if constexpr (KIND == kLayerNorm) {
+    if constexpr (kStaged) {
+      Acc acc = Stats::empty();
+#pragma unroll 1
+      for (int c = 0; c < kChunks; ++c) {
+        load_chunk(c, true);
+        acc = merge(acc, Stats::template of_chunk<T, VEC, NV>(xv, ok));
+      }
+      Stats::finish(group_allreduce<TPR, ROWS>(acc, chunk_scratch), N, p.eps, mean, rstd);
+    } else if constexpr (KIND == kLayerNorm) {
+      load_chunk(0, true);
       two_pass_stats<T, VEC, TPR, ROWS, NV, N, kVecs>(xv, row_ok, lane, p.eps, scratch, mean, rstd);
     } else {
+      load_chunk(0, true);
       const Sum1 a = group_allreduce<TPR, ROWS>(Stats::template of_chunk<T, VEC, NV>(xv, ok), scratch);
       Stats::finish(a, N, p.eps, mean, rstd);
     }
@@ -109,48 +139,67 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
         if (KIND == kLayerNorm && p.mean != nullptr) p.mean[row] = mean;
       }
     }
-    const auto output = [&](int i, float(&out)[VEC]) {
+    // The passes below visit each chunk c, its vectors in xv (a register
+    // row: already there).
+    const auto output = [&](int c, int i, float(&out)[VEC]) {
+      float g[VEC], bias[VEC];
+      if constexpr (kStaged) load_affine<W, VEC, FLAGS>(p, c * kChunk + i * TPR + lane, g, bias);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = fmaf((elem_float(xv[i], j) - mean) * rstd, kg[i][j], kb[i][j]);
+      for (int j = 0; j < VEC; ++j) {
+        if constexpr (!kStaged) g[j] = kg[i][j], bias[j] = kb[i][j];
+        out[j] = fmaf((elem_float(xv[i], j) - mean) * rstd, g[j], bias[j]);
+      }
     };
     if constexpr (Quant::kRecipe == 0) {
       PT* const ys = kRes ? rs : xs;
+#pragma unroll 1
+      for (int c = 0; c < kChunks; ++c) {
+        if constexpr (kStaged) load_chunk(c, false);
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        if (!ok[i]) continue;
-        float out[VEC];
-        output(i, out);
-        ys[i * TPR + lane] = from_floats<T, VEC>(out);
+        for (int i = 0; i < NV; ++i) {
+          if (!ok[i]) continue;
+          float out[VEC];
+          output(c, i, out);
+          ys[c * kChunk + i * TPR + lane] = from_floats<T, VEC>(out);
+        }
       }
     } else {
       float row_value = 0.f;  // the row's amax or per-token multiplier
       if constexpr (Quant::kRowAmax) {
         float a = 0.f;
+#pragma unroll 1
+        for (int c = 0; c < kChunks; ++c) {
+          if constexpr (kStaged) load_chunk(c, false);
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          if (!ok[i]) continue;
-          float out[VEC];
-          output(i, out);
+          for (int i = 0; i < NV; ++i) {
+            if (!ok[i]) continue;
+            float out[VEC];
+            output(c, i, out);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
+            for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(out[j]));
+          }
         }
         row_value = Quant::template row_value_of<TPR, ROWS>(p, row, a, row_ok && lane == 0);
       }
       const auto qrow = Quant::template row_of<Quant::kPointer>(p, row);
-      if constexpr (Quant::kLaneSplit) {
-        quant_out.template emit_slots<kCs>(p, qrow, lane, lane, ok, [&](int i) {
-          float out[1];
-          output(i, out);
-          return out[0];
-        });
-      } else {
+#pragma unroll 1
+      for (int c = 0; c < kChunks; ++c) {
+        if constexpr (kStaged) load_chunk(c, false);
+        if constexpr (Quant::kLaneSplit) {
+          quant_out.template emit_slots<kCs>(p, qrow, c * kChunk + lane, lane, ok, [&](int i) {
+            float out[1];
+            output(c, i, out);
+            return out[0];
+          });
+        } else {
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          float out[VEC];
+          for (int i = 0; i < NV; ++i) {
+            float out[VEC];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] = 0.f;
-          if (ok[i]) output(i, out);
-          quant_out.template emit<kCs>(p, qrow, i * TPR + lane, lane, ok[i], out, row_value);
+            for (int j = 0; j < VEC; ++j) out[j] = 0.f;
+            if (ok[i]) output(c, i, out);
+            quant_out.template emit<kCs>(p, qrow, c * kChunk + i * TPR + lane, lane, ok[i], out, row_value);
+          }
         }
       }
     }
@@ -162,7 +211,7 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
   };
   const auto nothing_early = [](long long) { return 0; };
   const T* const src[2] = {x, res};
-  flat_ring<T, kTensors, kBuf>(stages, src, p.row_blocks, ROWS, p.rows, N, nothing_early, block);
+  flat_ring<T, kTensors, kBuf, flat_stages(kChunks)>(stages, src, p.row_blocks, ROWS, p.rows, N, nothing_early, block);
   if constexpr (Quant::kRecipe != 0) quant_out.finish(p);
 }
 
