@@ -168,7 +168,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["cost_us"] = b.cost_us;
   bd["tuned"] = b.trace.tuned;
   bd["forced"] = b.trace.forced;
-  bd["cached_row"] = b.cached;
+  bd["cached_row"] = !b.split;
   bd["split"] = b.split;
   put_launch(bd, b.key, b.row_blocks);
   if (resources) bd["ptxas"] = g_ptxas(b.key);
@@ -179,7 +179,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
   bd["direct_grads"] = (b.key.flags & kDirectGrads) != 0;
   bd["smem"] = b.smem;
-  bd["programmatic_launch"] = b.programmatic;
+  bd["programmatic_launch"] = programmatic_launch(b.key.arch);
   if (b.split) {
     bd["coef_kernel"] = b.coef_key.name_expression();
     if (resources) bd["coef_ptxas"] = g_ptxas(b.coef_key);

@@ -42,7 +42,7 @@ def test_the_catalogue_lists_each_design_with_its_knobs():
 PICKS = [
     ("rms_norm", (16384, 4096), "register_row", "register_row"),
     ("layer_norm", (16384, 4096), "register_row", "register_row"),
-    ("rms_norm", (1416, 112459), "smem_row", "split_row"),
+    ("layer_norm", (94, 45056), "smem_row", "sliced_row"),
     ("rms_norm", (13, 130728), "sliced_row", "sliced_row"),
     ("rms_norm", (4, 4194304), "reload_row", "split_row"),
     ("rms_norm", (512, 131072), "sliced_row", "sliced_row"),
@@ -239,6 +239,31 @@ def test_narrow_widths_read_flat_pieces_only_where_rows_are_contiguous(op, shape
     strided = plan(op, shape, dtype, strides=(n + 1, 1))
     assert strided["design"] != "flat_row" and strided["backward"]["design"] != "flat_row"
     assert all(c["design"] != "flat_row" for c in strided["candidates"])
+
+
+# Narrow rows wider than 1024 threads hold in registers: one row a CTA, read
+# from a one-stage ring in chunks of 16 elements a thread, where that stage
+# (and the residual's) fits shared memory.
+WIDE_ODD = [
+    ("rms_norm", (1416, 112459), False),
+    ("layer_norm", (1416, 112459), False),
+    ("rms_norm", (300, 40001), True),
+    ("layer_norm", (2, 65537), False),
+]
+
+
+@pytest.mark.parametrize("op,shape,residual", WIDE_ODD, ids=[f"{o}-{s[0]}x{s[1]}-{r}" for o, s, r in WIDE_ODD])
+def test_rows_past_registers_read_flat_in_chunks(op, shape, residual):
+    p = plan(op, shape, residual=residual)
+    m, n = shape
+    assert (p["design"], p["rows_per_cta"], p["vecs_per_thread"]) == ("flat_row", 1, 16)
+    assert p["threads_per_row"] * 16 < n
+    stage = (n + 3 * 8 - 1) // 8 * 8 * 2  # flat_buffer_elems(1, n, 2) bf16 elements
+    assert p["smem"] == stage * (2 if residual else 1)  # a ring of one stage
+    assert {c["knobs"]["cta_threads"] for c in p["candidates"] if c["design"] == "flat_row"} <= {256, 512, 1024}
+    if not residual:  # x and the residual of 112459 columns fill more than shared memory
+        wider = plan(op, (m, 112459), residual=True)
+        assert wider["design"] != "flat_row"
 
 
 @pytest.mark.parametrize("shape", [(16384, 4096), (65536, 896), (8192, 1004)])

@@ -51,9 +51,8 @@ void row_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, int
       const auto d = slices > 1 ? BwdDesign::kSlicedRow : staged ? BwdDesign::kStagedRow : BwdDesign::kRegisterRow;
       for (int b = blocks; b >= 1 && b >= blocks - 1; --b) {
         const bool keep_terms = l.nv * vec <= 16 && regs_at(l.threads, b) >= bwd_row_regs(p, w, l.nv * vec, true);
-        const unsigned ahead = staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift
-                               : even ? kPrefetchNext
-                                      : 0u;
+        const unsigned ahead =
+            staged ? kStagedRow | unsigned(stages - 2) << kRingExtraShift : (even ? kPrefetchNext : 0u);
         const unsigned flags = row_flags(p, w, l, hidden) | kCachedRow | (keep_terms ? kKeepTerms : 0u) | ahead;
         Candidate& c = add_candidate(out, p, int(d), bwd_family(p.kind), l, l.nv, b,
                                      bwd_row_regs(p, w, l.nv * vec, keep_terms), flags, gpu.arch);
@@ -105,9 +104,8 @@ void column_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, 
 
 // The split design's column kernel: one row of threads walking down columns.
 void split_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std::vector<Candidate>& out) {
-  Layout l;
-  l.tpr = l.threads = static_cast<int>(std::min<int64_t>(kSplitColThreads, pow2_ceil(p.nvec())));
-  l.row_blocks = p.rows;
+  const int threads = static_cast<int>(std::min<int64_t>(kSplitColThreads, pow2_ceil(p.nvec())));
+  const Layout l{threads, 1, 1, threads, 1, p.rows};
   for (int rows_in_flight : {4, 8, 16}) {
     const int regs = 40 + rows_in_flight * p.vec() * p.esize() * (w.dh ? 3 : 2) / 4 + p.vec() * w.accums();
     if (regs > regs_at(l.threads, 2)) continue;  // would spill

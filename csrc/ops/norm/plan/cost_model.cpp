@@ -7,20 +7,21 @@
 namespace rtcnorm {
 namespace {
 
-constexpr double kLatencyUs = 1.2;         // a row block's load - reduce - store chain
-constexpr double kBarrierUs = 0.15;        // a cross-warp reduction round of up to 8 warps
-constexpr double kExchangeUs = 0.6;        // slices' statistics meeting (cluster or global memory)
-constexpr double kLaunchUs = 1.5;          // a dependent kernel's launch and ramp
-constexpr double kSmemPass = 0.10;         // a row's pass through shared memory, relative to its DRAM time
-constexpr double kPartialOverlap = 0.25;   // the share of the shorter of streaming and the chain not hidden
-constexpr double kBarrierBytes = 13.0;     // a barrier round costs a thread the time of loading this many bytes
-constexpr double kL2TripUs = 0.3;          // gamma fetched after the reduction (not preloaded)
-constexpr double kFwdElementUs = 0.02;     // a thread's work an element it holds: statistics and normalize
-constexpr double kBwdElementUs = 0.05;     // the same for two row dots, dx and the dW / dB sums
-constexpr double kSplitEfficiency = 0.45;  // the split column kernel walks rows down columns
-constexpr double kHideWarpsPerUs = 240;    // warps an SM needs to stream at full rate, a us of work an element
-constexpr double kPersistentLoop = 0.97;   // a persistent CTA's gap between one row block and the next
-constexpr double kSmAlone = 2.5;           // an SM streaming alone: times its DRAM share (H200: ~70 GB/s against 27)
+constexpr double kLatencyUs = 1.2;        // a row block's load - reduce - store chain
+constexpr double kBarrierUs = 0.15;       // a cross-warp reduction round of up to 8 warps
+constexpr double kExchangeUs = 0.6;       // slices' statistics meeting (cluster or global memory)
+constexpr double kLaunchUs = 1.5;         // a dependent kernel's launch and ramp
+constexpr double kSmemPass = 0.10;        // a row's pass through shared memory, relative to its DRAM time
+constexpr double kPartialOverlap = 0.25;  // the share of the shorter of streaming and the chain not hidden
+constexpr double kBarrierBytes = 13.0;    // a barrier round costs a thread the time of loading this many bytes
+constexpr double kL2TripUs = 0.3;         // gamma fetched after the reduction (not preloaded)
+constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds: statistics and normalize
+constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
+constexpr double kChunkedElementUs = 0.04, kChunkedDuty = 0.5;  // a row read in chunks: its work, share loading
+constexpr double kSplitEfficiency = 0.45;                       // the split column kernel walks rows down columns
+constexpr double kHideWarpsPerUs = 240;   // warps an SM needs to stream at full rate, a us of work an element
+constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
+constexpr double kSmAlone = 2.5;          // an SM streaming alone: times its DRAM share (H200: ~70 GB/s against 27)
 // Rows read in narrow accesses (narrow_access) reach this much of copy, plus the rest in proportion to an access's
 // bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
@@ -43,6 +44,7 @@ struct Shape {
   bool walks_rows = false;         // a CTA loads row after row even in one wave
   bool smem_pass = false;          // the rows pass through shared memory
   bool loads_ahead = false;        // the next row block's loads fly while a CTA works on this one
+  double duty = 0;                 // a CTA's share of time loading (0: from its bytes and barriers)
   bool defer_behind_next = false;  // deferred statistics hide the exchange only behind a next row block
   int64_t row_blocks = 0;          // row blocks spread over the slots (0: the candidate's)
 };
@@ -65,7 +67,7 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   c.in_flight = ctas_per_sm * cta_bytes * ahead;
   const double thread_bytes = cta_bytes / std::max(1, threads);
   const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
-  const double duty = thread_bytes / (thread_bytes + kBarrierBytes * warps);
+  const double duty = s.duty > 0 ? s.duty : thread_bytes / (thread_bytes + kBarrierBytes * warps);
   // In one wave every CTA requests its rows at launch: the duty thins nothing. A CTA whose next row block's loads fly
   // while it works requests for two.
   const bool one_shot = rounds <= 1 && !s.walks_rows;
@@ -99,7 +101,7 @@ void price_access(const NormProblem& p, bool forward, bool flat, Shape& s) {
   const double narrow = forward ? kNarrowFwd : kNarrowBwd;
   if (flat) {
     s.smem_pass = true;
-    s.loads_ahead = true;
+    s.loads_ahead = s.duty == 0;  // a row read in chunks (duty set): a ring of one stage, loaded then worked on
     s.after_reduction += kBarrierUs;
   } else if (narrow_access(p, forward)) {
     s.design_efficiency *= narrow + (1.0 - narrow) * p.vec() * p.esize() / 16.0;
@@ -122,7 +124,9 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   s.row_block_bytes = loaded * (p.residual ? 2.0 : 1.0) * std::max(1, c.knobs.slices);
   s.reductions = p.kind == kLayerNorm ? 2 : 1;
   if (p.affine_tensors() > 0 && (c.key.flags & (kPreloadAffine | kKeepGamma)) == 0) s.after_reduction = kL2TripUs;
-  s.element_us = kFwdElementUs;
+  const bool chunked = d == FwdDesign::kFlatRow && int64_t{c.knobs.vecs_per_thread} * c.key.threads_per_row < p.nvec();
+  s.element_us = chunked ? kChunkedElementUs : kFwdElementUs;
+  s.duty = chunked ? kChunkedDuty : 0.0;
   s.defer_behind_next = true;
   price_access(p, true, d == FwdDesign::kFlatRow, s);
   finish(p, s, gpu, c);

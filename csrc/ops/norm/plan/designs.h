@@ -106,9 +106,8 @@ inline bool flat_worth(const NormProblem& p, bool forward) { return p.flat && na
 // Appends a candidate of `design` on layout `l` (`blocks`: launch bounds).
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
                          const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
-// flat_row's candidate (persistent) on layout `l`: `streams` tensors staged, the column sums' `combine` bytes
-// reusing the stages; none where a thread holds over `nv` vectors, it spills or exceeds shared memory (false), or it
-// repeats one already there.
+// flat_row's candidate (persistent) on layout `l`, `streams` tensors staged and the column sums' `combine` bytes
+// reusing them; none (false) where a thread holds over `nv` vectors, it spills or overflows shared memory, or repeats.
 bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int nv, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu);
 // A sliced row's candidate as a cooperative launch's, its slices meeting in global memory.

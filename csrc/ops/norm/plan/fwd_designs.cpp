@@ -24,9 +24,8 @@ unsigned affine_flags(const NormProblem& p, int nv, int64_t row_blocks, const Gp
   return nv <= 2 ? kPreloadAffine : row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
 }
 bool mode_allows(NormMode mode, bool persistent, bool cached) {
-  return mode == NormMode::kAuto ||
-         (mode == NormMode::kStaticPersistent ? persistent
-                                              : !persistent && cached == (mode == NormMode::kMultiWaveCached));
+  if (mode == NormMode::kAuto || mode == NormMode::kStaticPersistent) return mode == NormMode::kAuto || persistent;
+  return !persistent && cached == (mode == NormMode::kMultiWaveCached);
 }
 // Rows (or slices) held in registers, a thread aiming at 1 - 64 vectors (under twice the row's).
 void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
@@ -101,14 +100,21 @@ void chunked_row(const NormProblem& p, NormMode mode, const Gpu& gpu, bool in_sm
 }
 
 // flat_row: a thread holds up to 32 elements, a register each (4 bytes) with its gamma / beta, LayerNorm's centred
-// value and the residual's operand and sum; a quantized epilogue adds register_rows' share.
+// value and the residual's operand and sum; a quantized epilogue adds register_rows' share. A row wider than 1024
+// threads hold is read from its stage in chunks of 16 elements a thread (gamma / beta loaded as used), one row a CTA.
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p, true) || !mode_allows(mode, true, true)) return;
-  const int per_elem = 1 + p.affine_tensors() + (p.kind == kLayerNorm ? 1 : 0) + (p.residual ? 2 : 0), v = p.vec();
-  each_layout(p, 1, {2 / v, 4 / v, 8 / v, 16 / v, 32 / v}, [&](const Layout& l, int nv) {
-    const int regs = 40 + l.nv * v * per_elem + (p.quant != 0 ? 8 + (v == 1 ? l.nv : 0) : 0);
-    add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, nv, regs, p.residual ? 2 : 1, 0,
+  const int v = p.vec();
+  const auto add = [&](const Layout& l, int nv, bool chunked) {
+    const int per_elem = chunked ? 1 + p.residual : 1 + 2 * p.residual + p.affine_tensors() + (p.kind == kLayerNorm);
+    add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, nv,
+             40 + l.nv * v * per_elem + (p.quant != 0 ? 8 + (v == 1 ? l.nv : 0) : 0), p.residual ? 2 : 1, 0,
              p.fwd_flags() | (memory_flags(p) & kStreamStore), gpu);
+  };
+  each_layout(p, 1, {2 / v, 4 / v, 8 / v, 16 / v, 32 / v}, [&](const Layout& l, int nv) {
+    if (l.nv <= nv) return add(l, nv, false);
+    for (int t : {1024, 512, 256})
+      if (nv * v == 16) add(Layout{t, 1, nv, t, 1, p.rows}, nv, true);
   });
 }
 

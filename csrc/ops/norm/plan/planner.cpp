@@ -149,7 +149,8 @@ Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int 
 }
 bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int nv, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu) {
-  const int64_t stages = int64_t{kFlatStages} * streams * flat_buffer_elems(l.rows, int(p.hidden), p.esize());
+  const int64_t stages = int64_t{flat_stages(flat_chunks(int(p.nvec()), l.tpr * l.nv))} * streams *
+                         flat_buffer_elems(l.rows, int(p.hidden), p.esize());
   const int64_t smem = std::max(combine, stages * p.esize());
   if (l.nv > nv || smem > gpu.smem_per_cta()) return false;
   const int blocks = fit_smem(blocks_leaving(l.threads, std::max(1, 2048 / l.threads), regs), smem, gpu.smem_per_cta());
@@ -188,8 +189,7 @@ NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count
   plan.persistent = best.knobs.persistent;
   plan.cached = plan.design != FwdDesign::kReloadRow;
   plan.mode = plan.persistent ? NormMode::kStaticPersistent
-              : plan.cached   ? NormMode::kMultiWaveCached
-                              : NormMode::kMultiWaveReload;
+                              : (plan.cached ? NormMode::kMultiWaveCached : NormMode::kMultiWaveReload);
   return plan;
 }
 NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool grad_dh, int sm_count, int arch,
@@ -202,14 +202,10 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   const Candidate& best = pick(false, tuned, explain, cands, plan, [&](Candidate& c) { cost_bwd(p, w, gpu, c); });
   plan.design = static_cast<BwdDesign>(best.design);
   plan.split = plan.design == BwdDesign::kSplitRow;
-  plan.cached = !plan.split;
-  plan.programmatic = arch >= 90;
   plan.col_vecs = best.col_vecs;
   plan.col_ctas = best.col_ctas;
-  if (plan.split)
-    plan.coef_key = split_coef_key(p, arch);
-  else
-    plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
+  if (plan.split) plan.coef_key = split_coef_key(p, arch);
+  if (!plan.split) plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
   return plan;
 }
 

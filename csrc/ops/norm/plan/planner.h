@@ -33,9 +33,8 @@ struct NormFwdPlan : NormPlan {
 };
 struct NormBwdPlan : NormPlan {
   BwdDesign design = BwdDesign::kRegisterRow;
-  bool cached = false, split = false;
+  bool split = false;                                       // split_row; every other design holds its rows
   jit::KernelKey coef_key;                                  // the split design's per-row coefficient kernel
-  bool programmatic = false;                                // kernels after the first launch programmatically (sm_90+)
   int64_t max_units = std::numeric_limits<int64_t>::max();  // persistent units at most: the partial rows priced
   int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
   int64_t col_ctas = 0;

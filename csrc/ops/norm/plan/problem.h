@@ -14,14 +14,12 @@ enum class NormMode : int { kAuto = 0, kStaticPersistent, kMultiWaveReload, kMul
 struct NormProblem {
   NormKind kind = kRmsNorm;
   jit::DType dtype = jit::DType::kFloat32, wdtype = jit::DType::kFloat32;
-  int64_t rows = 0;    // M
-  int64_t hidden = 0;  // N
-  int max_vec = 1;     // widest access every pointer and stride allows (elements)
+  int64_t rows = 0, hidden = 0;  // M, N
+  int max_vec = 1;               // widest access every pointer and stride allows (elements)
   bool has_weight = false, has_bias = false, zero_centered = false, residual = false;
-  // Every row map read (x; forward: also the residual) starts row r at r * stride.
-  bool single_stride = true;
-  bool flat = false;   // rows contiguous from a 16-byte aligned base: one flat array (flat_row)
-  unsigned quant = 0;  // forward: kQuantBits | kBlockedScales of the flag word (0: y in the input dtype)
+  bool single_stride = true;  // every row map read (x; forward: also the residual) starts row r at r * stride
+  bool flat = false;          // rows contiguous from a 16-byte aligned base: one flat array (flat_row)
+  unsigned quant = 0;         // forward: kQuantBits | kBlockedScales of the flag word (0: y in the input dtype)
   int esize() const { return jit::element_size(dtype); }
   int wsize() const { return jit::element_size(wdtype); }
   int affine_tensors() const { return int(has_weight) + int(has_bias); }
