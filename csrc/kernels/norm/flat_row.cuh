@@ -16,10 +16,13 @@
 //   aligned base: x and the residual in the forward, x, dy and dh in the
 //   backward; y, h and dx are the launcher's own allocations.
 // - A thread holds its vectors of a row in registers: N / VEC <= TPR * NV.
-//   The forward also takes wider rows, one a CTA (ROWS == 1): it reads the
-//   row from its stage in flat_chunks chunks of TPR * NV vectors, a pass for
-//   the statistics and one for the outputs (and one for a quantized row's
-//   amax), loading gamma / beta as it normalizes.
+//   The forward also takes wider rows of single elements, one a CTA
+//   (ROWS == 1): the statistics (and the residual's sum) from the stage's
+//   16-byte pieces, a pass (two for LayerNorm's); the outputs in flat_chunks
+//   chunks of TPR * NV elements, loading gamma / beta as it normalizes (a
+//   quantized row: a first pass for its amax). Element i of a chunk's slot
+//   is on lane i of its warp, so its gamma / beta loads coalesce; a piece's
+//   elements are one thread's.
 // - A ring of flat_stages stages (common/params.cuh): kFlatStages, so the
 //   copies of the CTA's next row block are in flight while it works on the
 //   current one; one for a row read in chunks, whose stage fills shared
@@ -30,7 +33,7 @@
 //   stage.
 // - The arithmetic is the register-row designs' (norm/fwd_common.cuh,
 //   norm/bwd_common.cuh): the same operations in the same order a row (a row
-//   read in chunks: the streamed rows' merged chunk statistics). The
+//   read in pieces sums them in its own order). The
 //   backward's second pass reads x and dy from the stage again (dx as the
 //   re-reading designs form it).
 // - Backward: each CTA sums dW / dB of its columns in registers over every row
@@ -49,11 +52,58 @@
 
 namespace rtcnorm {
 
+// A row read in chunks (one row a CTA of TPR threads, VEC == 1) is worked on
+// in its stage's 16-byte pieces [0, b.pieces), thread `lane` taking pieces
+// lane, lane + TPR, ...: the row's elements are stage elements [b.own,
+// b.span); the first and last piece may also hold a neighbour's elements, or
+// none past the tensor's end, which every sum masks and no flush writes.
+
+// The sum of a row's x (SQUARE: of (x - centre)^2); with RES, first h = x + r
+// in x's place, whole pieces (what lies outside the row is never flushed).
+template <typename T, int TPR, bool SQUARE, bool RES>
+__device__ __forceinline__ float flat_piece_sum(T* xbuf, const T* rbuf, const FlatBlock& b, int lane, float centre) {
+  constexpr int kP = flat_piece<T>();
+  using Piece = Pack<T, kP>;
+  float s = 0.f;
+  for (int q = lane; q < b.pieces; q += TPR) {
+    Piece v = reinterpret_cast<const Piece*>(xbuf)[q];
+    if constexpr (RES) {
+      const Piece r = reinterpret_cast<const Piece*>(rbuf)[q];
+#pragma unroll
+      for (int j = 0; j < kP; ++j) v.e[j] = from_float<T>(elem_float(v, j) + elem_float(r, j));
+      reinterpret_cast<Piece*>(xbuf)[q] = v;
+    }
+    const int lo = b.own - q * kP, hi = b.span - q * kP;  // the row's elements of the piece: [lo, hi)
+#pragma unroll
+    for (int j = 0; j < kP; ++j) {
+      const float d = elem_float(v, j) - centre;
+      if (j >= lo && j < hi) s = SQUARE ? fmaf(d, d, s) : s + d;
+    }
+  }
+  return s;
+}
+
+// The row's statistics from its pieces, as the register rows form them:
+// RMSNorm's mean square; LayerNorm's mean, then the mean squared deviation.
+template <int KIND, typename T, int TPR, int N, bool RES>
+__device__ __forceinline__ void flat_piece_stats(T* xbuf, const T* rbuf, const FlatBlock& b, int lane, float eps,
+                                                 GroupScratch<TPR, 1, Sum1>& scratch, float& mean, float& rstd) {
+  const float sum =
+      group_allreduce<TPR, 1>(Sum1{flat_piece_sum<T, TPR, KIND == kRmsNorm, RES>(xbuf, rbuf, b, lane, 0.f)}, scratch).a;
+  if constexpr (KIND == kRmsNorm) {
+    mean = 0.f;
+    rstd = rsqrtf(sum / static_cast<float>(N) + eps);
+  } else {
+    mean = sum / static_cast<float>(N);
+    const float sq = flat_piece_sum<T, TPR, true, false>(xbuf, rbuf, b, lane, mean);
+    rstd = rsqrtf(group_allreduce<TPR, 1>(Sum1{sq}, scratch).a * (1.f / static_cast<float>(N)) + eps);
+  }
+}
+
 template <int KIND, typename T, typename W, int N, int VEC, int TPR, int ROWS, int NV, unsigned FLAGS>
 __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
   using PT = Pack<T, VEC>;
   using Stats = NormStats<KIND>;
-  using Acc = typename Stats::Acc;
   constexpr int kVecs = N / VEC;
   constexpr int kChunk = TPR * NV;
   constexpr int kChunks = flat_chunks(kVecs, kChunk);
@@ -63,13 +113,12 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
   constexpr int kTensors = kRes ? 2 : 1;  // x (h written in its place), residual (y in its place)
   constexpr int kBuf = flat_buffer_elems(ROWS, N, sizeof(T));
   static_assert(N % VEC == 0, "N must be a multiple of VEC");
-  static_assert(!kStaged || ROWS == 1, "a row read a chunk at a time is its CTA's only row");
+  static_assert(!kStaged || (ROWS == 1 && VEC == 1), "a row read in chunks is its CTA's only row, of single elements");
   static_assert((FLAGS & (kClusterBits | kCluster16 | kGridExchange)) == 0, "a flat row block is one CTA's");
   using Quant = QuantEpilogue<T, N, VEC, TPR, FLAGS>;
   Quant quant_out(p);
 
   __shared__ GroupScratch<TPR, ROWS, Sum1> scratch;
-  __shared__ GroupScratch<TPR, ROWS, Acc> chunk_scratch;
   extern __shared__ __align__(16) unsigned char norm_dyn_smem[];
   T* const stages = reinterpret_cast<T*>(norm_dyn_smem);
   constexpr bool kFlat = flat_lanes<TPR, ROWS>();
@@ -116,13 +165,7 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
     };
     float mean, rstd;
     if constexpr (kStaged) {
-      Acc acc = Stats::empty();
-#pragma unroll 1
-      for (int c = 0; c < kChunks; ++c) {
-        load_chunk(c, true);
-        acc = merge(acc, Stats::template of_chunk<T, VEC, NV>(xv, ok));
-      }
-      Stats::finish(group_allreduce<TPR, ROWS>(acc, chunk_scratch), N, p.eps, mean, rstd);
+      flat_piece_stats<KIND, T, TPR, N, kRes>(xbuf, rbuf, b, lane, p.eps, scratch, mean, rstd);
     } else if constexpr (KIND == kLayerNorm) {
       load_chunk(0, true);
       two_pass_stats<T, VEC, TPR, ROWS, NV, N, kVecs>(xv, row_ok, lane, p.eps, scratch, mean, rstd);
