@@ -241,29 +241,37 @@ def test_narrow_widths_read_flat_pieces_only_where_rows_are_contiguous(op, shape
     assert all(c["design"] != "flat_row" for c in strided["candidates"])
 
 
-# Narrow rows wider than 1024 threads hold in registers: one row a CTA, read
-# from a one-stage ring in chunks of 16 elements a thread, where that stage
-# (and the residual's) fits shared memory.
+# Narrow rows no register layout holds (wider than 1024 threads hold, or
+# beside a quantized epilogue or a residual): one row a CTA, read from a
+# one-stage ring in chunks of 16 elements a thread, where that stage (and the
+# residual's) fits shared memory.
 WIDE_ODD = [
-    ("rms_norm", (1416, 112459), False),
-    ("layer_norm", (1416, 112459), False),
-    ("rms_norm", (300, 40001), True),
-    ("layer_norm", (2, 65537), False),
+    ("rms_norm", (1416, 112459), {}),
+    ("layer_norm", (1416, 112459), {}),
+    ("rms_norm", (300, 40001), {"residual": True}),
+    ("layer_norm", (2, 65537), {}),
+    ("layer_norm", (4096, 9999), {"quant": "mxfp8"}),
+    ("rms_norm", (4096, 12345), {"residual": True}),
 ]
 
 
-@pytest.mark.parametrize("op,shape,residual", WIDE_ODD, ids=[f"{o}-{s[0]}x{s[1]}-{r}" for o, s, r in WIDE_ODD])
-def test_rows_past_registers_read_flat_in_chunks(op, shape, residual):
-    p = plan(op, shape, residual=residual)
+@pytest.mark.parametrize("op,shape,kw", WIDE_ODD, ids=[f"{o}-{s[0]}x{s[1]}-{'-'.join(k)}" for o, s, k in WIDE_ODD])
+def test_rows_no_register_layout_holds_read_flat_in_chunks(op, shape, kw):
+    p = plan(op, shape, **kw)
     m, n = shape
     assert (p["design"], p["rows_per_cta"], p["vecs_per_thread"]) == ("flat_row", 1, 16)
     assert p["threads_per_row"] * 16 < n
     stage = (n + 3 * 8 - 1) // 8 * 8 * 2  # flat_buffer_elems(1, n, 2) bf16 elements
-    assert p["smem"] == stage * (2 if residual else 1)  # a ring of one stage
+    assert p["smem"] == stage * (2 if kw.get("residual") else 1)  # a ring of one stage
     assert {c["knobs"]["cta_threads"] for c in p["candidates"] if c["design"] == "flat_row"} <= {256, 512, 1024}
-    if not residual:  # x and the residual of 112459 columns fill more than shared memory
-        wider = plan(op, (m, 112459), residual=True)
-        assert wider["design"] != "flat_row"
+    if not kw:  # the same rows held in registers where the epilogue's registers are not needed
+        assert plan(op, (m, 112459), residual=True)["design"] != "flat_row"  # x and h overflow shared memory
+
+
+def test_rows_registers_hold_are_never_read_in_chunks():
+    p = plan("layer_norm", (4096, 9999))  # the same width without an epilogue
+    assert p["design"] == "flat_row" and p["threads_per_row"] * p["vecs_per_thread"] >= 9999
+    assert all(c["knobs"]["cta_threads"] * c["knobs"]["vecs_per_thread"] >= 9999 for c in p["candidates"])
 
 
 @pytest.mark.parametrize("shape", [(16384, 4096), (65536, 896), (8192, 1004)])

@@ -51,8 +51,7 @@ struct Shape {
 
 // Spreads the row blocks over the resident slots and prices the result.
 void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) {
-  const int slices = std::max(1, c.knobs.slices);
-  const int threads = c.key.threads();
+  const int slices = std::max(1, c.knobs.slices), threads = c.key.threads();
   // CTAs an SM holds by registers, shared memory and 2048 threads; launch bounds are a floor.
   const int regs_allow = blocks_leaving(threads, std::max(1, 2048 / std::max(1, threads)), c.regs);
   const int resident = std::max(fit_smem(regs_allow, static_cast<int64_t>(c.smem), kSmemPerSm), c.knobs.blocks_per_sm);

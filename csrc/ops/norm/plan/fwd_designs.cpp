@@ -99,23 +99,24 @@ void chunked_row(const NormProblem& p, NormMode mode, const Gpu& gpu, bool in_sm
   c.knobs.persistent = persistent;
 }
 
-// flat_row: a thread holds up to 32 elements, a register each (4 bytes) with its gamma / beta, LayerNorm's centred
-// value and the residual's operand and sum; a quantized epilogue adds register_rows' share. A row wider than 1024
-// threads hold is read from its stage in chunks of 16 elements a thread (gamma / beta loaded as used), one row a CTA.
+// flat_row: a thread holds up to 32 elements, 4 bytes each with gamma / beta, LayerNorm's centred value, the residual's
+// operand and sum (+ a quantized epilogue's share); a row no layout holds: one a CTA, read in chunks of 16 a thread.
 void flat_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out) {
   if (!flat_worth(p, true) || !mode_allows(mode, true, true)) return;
   const int v = p.vec();
+  const size_t first = out.size();
   const auto add = [&](const Layout& l, int nv, bool chunked) {
     const int per_elem = chunked ? 1 + p.residual : 1 + 2 * p.residual + p.affine_tensors() + (p.kind == kLayerNorm);
     add_flat(out, p, int(FwdDesign::kFlatRow), fwd_flat_family(p.kind), l, nv,
-             40 + l.nv * v * per_elem + (p.quant != 0 ? 8 + (v == 1 ? l.nv : 0) : 0), p.residual ? 2 : 1, 0,
-             p.fwd_flags() | (memory_flags(p) & kStreamStore), gpu);
+             40 + l.nv * v * per_elem + (p.quant != 0 ? 8 + (v == 1 ? (chunked ? 32 : l.nv) : 0) : 0),
+             p.residual ? 2 : 1, 0, p.fwd_flags() | (memory_flags(p) & kStreamStore), gpu);
   };
   each_layout(p, 1, {2 / v, 4 / v, 8 / v, 16 / v, 32 / v}, [&](const Layout& l, int nv) {
-    if (l.nv <= nv) return add(l, nv, false);
-    for (int t : {1024, 512, 256})
-      if (nv * v == 16) add(Layout{t, 1, nv, t, 1, p.rows}, nv, true);
+    if (l.nv <= nv) add(l, nv, false);
   });
+  if (out.size() > first) return;  // a layout in registers holds the row
+  for (int t : {1024, 512, 256})
+    if (int64_t{t} * 16 / v < p.nvec()) add(Layout{t, 1, 16 / v, t, 1, p.rows}, 16 / v, true);
 }
 
 }  // namespace
