@@ -102,10 +102,11 @@ __device__ __forceinline__ void flat_flush(T* dst, const T* src, const FlatBlock
 
 // The ring shared by both directions: a persistent CTA visits row blocks
 // blockIdx.x, + gridDim.x, ...; with STAGES > 1 the copies of `src`'s K
-// tensors for the next block start before it works on the current one (src:
-// K pointers at least); a ring of one stage copies each block as it comes. `before(rb)` runs while
-// the stage's copies land (loads that need no stage); then
-// `body(rb, block, stage, before's value)` works on the stage and flushes it.
+// tensors (src: K pointers at least) for the next block start before it
+// works on the current one; a ring of one stage copies each block as it
+// comes. `before(rb)` runs while the stage's copies land (loads that need no
+// stage); then `body(rb, block, stage, before's value)` works on the stage
+// and flushes it.
 template <typename T, int K, int BUF, int STAGES = kFlatStages, typename Before, typename Body>
 __device__ __forceinline__ void flat_ring(T* stages, const T* const* src, long long row_blocks, int rows_per_block,
                                           long long rows, int n, Before before, Body body) {

@@ -135,10 +135,10 @@ constexpr RTCNORM_HOST_DEVICE bool early_direct_grads(unsigned flags, int tpr, i
 // of `rows` rows of n elements of esize bytes plus the parts of 16-byte
 // pieces before and after it, in whole pieces. The planner sizes shared
 // memory with it. Its ring has kFlatStages stages: one block's copies fly
-// while the CTA works on another (more stages measured no faster). A row too
-// wide for a thread's registers (the forward's `vecs` vectors of it over
-// `chunk` a chunk) is read from its stage in flat_chunks chunks, and its one
-// stage fills shared memory: a ring of one.
+// while the CTA works on another (more stages measured no faster). A forward
+// row no register layout holds (its `vecs` vectors over `chunk` a chunk) is
+// read from its stage in flat_chunks chunks, one row a CTA; its ring has one
+// stage (the widest rows' stage fills shared memory).
 constexpr int kFlatStages = 2;
 constexpr RTCNORM_HOST_DEVICE int flat_buffer_elems(int rows, int n, int esize) {
   return (rows * n + 3 * (16 / esize) - 1) / (16 / esize) * (16 / esize);

@@ -16,13 +16,13 @@
 //   aligned base: x and the residual in the forward, x, dy and dh in the
 //   backward; y, h and dx are the launcher's own allocations.
 // - A thread holds its vectors of a row in registers: N / VEC <= TPR * NV.
-//   The forward also takes wider rows of single elements, one a CTA
-//   (ROWS == 1): the statistics (and the residual's sum) from the stage's
-//   16-byte pieces, a pass (two for LayerNorm's); the outputs in flat_chunks
-//   chunks of TPR * NV elements, loading gamma / beta as it normalizes (a
-//   quantized row: a first pass for its amax). Element i of a chunk's slot
-//   is on lane i of its warp, so its gamma / beta loads coalesce; a piece's
-//   elements are one thread's.
+//   The forward also takes rows of single elements that no register layout
+//   holds, one a CTA (ROWS == 1): the statistics (and the residual's sum)
+//   from the stage's 16-byte pieces, a pass (two for LayerNorm's); the
+//   outputs in flat_chunks chunks of TPR * NV elements, loading gamma / beta
+//   as it normalizes (a quantized row: a first pass for its amax). A chunk
+//   puts adjacent columns on adjacent lanes, so those loads coalesce, where a
+//   piece would give each thread 8 adjacent columns.
 // - A ring of flat_stages stages (common/params.cuh): kFlatStages, so the
 //   copies of the CTA's next row block are in flight while it works on the
 //   current one; one for a row read in chunks, whose stage fills shared
