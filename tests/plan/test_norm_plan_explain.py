@@ -107,3 +107,27 @@ def test_a_layout_two_cta_sizes_share_is_ranked_once(op, m, n):
     plan = rtcnorm.explain(op, (m, n), BF16, device="cpu", arch="sm_90", sm_count=132)["backward"]
     ranked = [repr((c["design"], sorted(c["knobs"].items()))) for c in plan["candidates"]]
     assert len(ranked) == len(set(ranked)) == 6, ranked
+
+
+# Problems whose catalogue reaches one kernel and launch from several layouts
+# or vector-count targets: shared-memory rows of 1024 threads from every
+# target (a residual beside 112459 columns), one vector a thread on 864
+# threads from two targets (24764x6912 backward).
+REACHED_TWICE = [
+    ("rms_norm", (1416, 112459), {"residual": True}, "fwd"),
+    ("layer_norm", (94, 45056), {}, "fwd"),
+    ("rms_norm", (24764, 6912), {}, "bwd"),
+    ("rms_norm", (920, 55296), {}, "bwd"),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "kw", "phase"), REACHED_TWICE, ids=[f"{o}-{s[0]}x{s[1]}-{p}" for o, s, _, p in REACHED_TWICE]
+)
+def test_a_kernel_and_launch_reached_twice_is_one_candidate(op, shape, kw, phase):
+    plan = rtcnorm.explain(op, shape, BF16, device="cpu", arch="sm_90", sm_count=132, **kw)
+    plan = plan if phase == "fwd" else plan["backward"]
+    fields = ("design", "knobs", "us", "bytes", "registers", "grid")
+    ranked = [repr([sorted(c[f].items()) if f == "knobs" else c[f] for f in fields]) for c in plan["candidates"]]
+    assert len(ranked) == len(set(ranked)), ranked
+    assert plan["candidates"][0]["design"] == plan["design"]

@@ -75,8 +75,7 @@ void bwd_candidates(const NormProblem& p, const BwdWants& w, const Gpu& gpu, std
 void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c);
 void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c);
 jit::KernelKey split_coef_key(const NormProblem& p, int arch);
-// The knobs a design declares, bit k: Knob k (overrides of others are refused).
-unsigned declared_knobs(bool forward, int design);
+unsigned declared_knobs(bool forward, int design);  // bit k: the design declares Knob k (others' overrides refused)
 // Shared by the designs (planner.cpp): a layout of rows split over `slices` CTAs, about `cta_threads` threads at
 // about `nv_target` vectors each; a kernel key on it (`nv` vectors a thread, `flags` and the problem's own).
 struct Layout {
@@ -107,7 +106,7 @@ inline bool flat_worth(const NormProblem& p, bool forward) { return p.flat && na
 Candidate& add_candidate(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
                          const Layout& l, int nv, int blocks, int regs, unsigned flags, int arch);
 // flat_row's candidate (persistent) on layout `l`, `streams` tensors staged and the column sums' `combine` bytes
-// reusing them; none (false) where a thread holds over `nv` vectors, it spills or overflows shared memory, or repeats.
+// reusing them; none (false) where a thread holds over `nv` vectors, it spills or overflows shared memory.
 bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, const jit::KernelFamily* family,
               const Layout& l, int nv, int regs, int streams, int64_t combine, unsigned flags, const Gpu& gpu);
 // A sliced row's candidate as a cooperative launch's, its slices meeting in global memory.

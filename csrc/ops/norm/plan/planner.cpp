@@ -58,13 +58,17 @@ const Candidate& pick(bool forward, const TunedChoice* tuned, bool explain, std:
     plan.trace.forced = !use_tuned;
     plan.trace.tuned = use_tuned;
   }
+  // A kernel and launch that two layouts or targets reach is one candidate.
+  const auto same = [](const Candidate& a, const Candidate& b) {
+    return a.design == b.design && a.key == b.key && a.knobs.persistent == b.knobs.persistent;
+  };
+  for (auto it = cands.begin(); it != cands.end(); ++it)
+    cands.erase(std::remove_if(it + 1, cands.end(), [&](const Candidate& c) { return same(*it, c); }), cands.end());
   for (Candidate& c : cands) cost(c);
   TORCH_INTERNAL_ASSERT(!cands.empty(), "rtcnorm: the norm catalogue has no feasible design");
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.us < b.us; });
-  if (explain) {
-    plan.trace.considered = static_cast<int>(cands.size());
-    plan.trace.ranked.assign(cands.begin(), cands.begin() + std::min<size_t>(kTraceLength, cands.size()));
-  }
+  plan.trace.considered = static_cast<int>(cands.size());
+  if (explain) plan.trace.ranked.assign(cands.begin(), cands.begin() + std::min<size_t>(kTraceLength, cands.size()));
   const Candidate& best = cands.front();
   plan.knobs = best.knobs;
   plan.key = best.key;
@@ -158,7 +162,6 @@ bool add_flat(std::vector<Candidate>& out, const NormProblem& p, int design, con
   Candidate& c = add_candidate(out, p, design, family, l, l.nv, blocks, regs, flags, gpu.arch);
   c.smem = static_cast<size_t>(smem);
   c.knobs.persistent = true;
-  if (std::any_of(out.begin(), out.end() - 1, [&](const Candidate& o) { return o.key == c.key; })) out.pop_back();
   return true;
 }
 Candidate grid_exchange(Candidate c) {

@@ -53,8 +53,7 @@ struct NormOverride {
 };
 void set_norm_override(bool forward, const NormOverride& o);
 const NormOverride& norm_override(bool forward);
-// A design's index by name; -1 when unknown.
-int design_from_name(bool forward, const std::string& name);
+int design_from_name(bool forward, const std::string& name);  // a design's index by name; -1 when unknown
 // explain(): a plan's trace as text (only on request, never on launches).
 std::string explain_trace(const PlanTrace& trace, bool forward);
 

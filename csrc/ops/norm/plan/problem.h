@@ -23,8 +23,7 @@ struct NormProblem {
   int esize() const { return jit::element_size(dtype); }
   int wsize() const { return jit::element_size(wdtype); }
   int affine_tensors() const { return int(has_weight) + int(has_bias); }
-  // Elements of one vector access: at most 16 bytes, dividing N.
-  int vec() const { return widest_vec(dtype, max_vec, hidden); }
+  int vec() const { return widest_vec(dtype, max_vec, hidden); }  // one access's elements: at most 16 bytes, dividing N
   int64_t nvec() const { return hidden / vec(); }
   int64_t row_bytes() const { return hidden * esize(); }
   unsigned recipe() const { return (quant & kQuantBits) >> kQuantShift; }
