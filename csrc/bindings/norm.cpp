@@ -179,7 +179,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["keep_terms"] = (b.key.flags & kKeepTerms) != 0;
   bd["direct_grads"] = (b.key.flags & kDirectGrads) != 0;
   bd["smem"] = b.smem;
-  bd["programmatic_launch"] = programmatic_launch(b.key.arch);
+  bd["programmatic_launch"] = jit::programmatic_arch(b.key.arch);
   if (b.split) {
     bd["coef_kernel"] = b.coef_key.name_expression();
     if (resources) bd["coef_ptxas"] = g_ptxas(b.coef_key);

@@ -280,7 +280,7 @@ void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned bl
   void* args[] = {params};
   make_current(k.ctx);
   const DriverApi& d = driver();
-  programmatic = programmatic && k.arch >= 90 && d.cuLaunchKernelEx != nullptr;
+  programmatic = programmatic && programmatic_arch(k.arch) && d.cuLaunchKernelEx != nullptr;
   TORCH_CHECK(!cooperative || d.cuLaunchKernelEx != nullptr,
               "rtcnorm: a cooperative launch needs cuLaunchKernelEx, "
               "which this CUDA driver (",

@@ -71,6 +71,8 @@ std::shared_ptr<const CompiledKernel> compiled_image(const KernelKey& key, bool*
 // rather than leaving CTAs that wait on each other unscheduled).
 void launch(const LoadedKernel& k, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
             CUstream stream, void* params, bool programmatic = false, bool cooperative = false);
+// Whether launch() honours `programmatic` for a kernel of `arch` (sm_90+; the driver aside).
+inline bool programmatic_arch(int arch) { return arch >= 90; }
 
 // The current torch CUDA stream of `device`, as a driver handle.
 CUstream current_stream(int device);

@@ -357,10 +357,9 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   const GridExchangeLease exchange = grid_exchange_words(plan.key, grid, 2, plan.row_blocks, input, stream);
   prm.exchange = exchange.words;
   prm.exchange_base = exchange.tag_base;
-  // After the coefficient kernel, the column kernel may launch programmatically.
+  // After the coefficient kernel, the column kernel may launch programmatically (jit::launch: on sm_90+).
   jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
-              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm,
-              plan.split && programmatic_launch(plan.key.arch), grid_exchange);
+              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split, grid_exchange);
 
   if (partial_sets > 0) {
     ColumnReduceParams rp{};
@@ -377,8 +376,7 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
     const jit::KernelKey rk = column_reduce_key(p.wdtype, d.hidden, info.arch);
     const jit::LoadedKernel& rkern = jit::get_kernel(rk, dev, stream, 0);
     const int64_t col_threads = d.hidden / rk.vec;
-    jit::launch(rkern, static_cast<unsigned>((col_threads + 31) / 32), outputs, 32, 16, stream, &rp,
-                programmatic_launch(plan.key.arch));
+    jit::launch(rkern, static_cast<unsigned>((col_threads + 31) / 32), outputs, 32, 16, stream, &rp, true);
   }
   return out;
 }

@@ -68,9 +68,6 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
 int64_t norm_grid(int64_t row_blocks, bool persistent, int sm_count, const jit::LoadedKernel& k,
                   int64_t max_units = std::numeric_limits<int64_t>::max(), int group_ctas = 1);
 
-// A backward's kernels after its first launch programmatically (sm_90+).
-inline bool programmatic_launch(int arch) { return arch >= 90; }
-
 // Empty placeholder returned for a gradient that was not requested.
 at::Tensor no_grad_placeholder(const at::Tensor& like);
 
