@@ -85,13 +85,13 @@ struct Layout {
 jit::KernelKey norm_key(const NormProblem& p, const jit::KernelFamily* family, const Layout& l, int nv, unsigned flags,
                         int variant, int arch);
 Layout layout_of(const NormProblem& p, int slices, int nv_target, int cta_threads);
-// f(l, nv) for each target `nv` and CTA size: no row wider than its CTA (bar the smallest CTA), no layout twice.
+// f(l, nv) for each target `nv` and CTA size, no row wider than its CTA (bar the smallest); pick() drops repeats.
 template <class F>
 void each_layout(const NormProblem& p, int slices, std::initializer_list<int> nv_targets, F f) {
   for (int nv : nv_targets)
     for (int cta : {128, 256, 512, 1024}) {
-      const Layout l = layout_of(p, slices, nv, cta), half = layout_of(p, slices, nv, cta / 2);
-      if ((l.tpr <= cta || cta == 128) && (cta == 128 || l.threads != half.threads)) f(l, nv);
+      const Layout l = layout_of(p, slices, nv, cta);
+      if (l.tpr <= cta || cta == 128) f(l, nv);
     }
 }
 // flat_row (its ring: kFlatStages, common/params.cuh) is planned where the rows' widest access is narrow (measured,

@@ -24,8 +24,8 @@ unsigned affine_flags(const NormProblem& p, int nv, int64_t row_blocks, const Gp
   return nv <= 2 ? kPreloadAffine : row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
 }
 bool mode_allows(NormMode mode, bool persistent, bool cached) {
-  if (mode == NormMode::kAuto || mode == NormMode::kStaticPersistent) return mode == NormMode::kAuto || persistent;
-  return !persistent && cached == (mode == NormMode::kMultiWaveCached);
+  if (mode == NormMode::kStaticPersistent) return persistent;
+  return mode == NormMode::kAuto || (!persistent && cached == (mode == NormMode::kMultiWaveCached));
 }
 // Rows (or slices) held in registers, a thread aiming at 1 - 64 vectors (under twice the row's).
 void register_rows(const NormProblem& p, NormMode mode, const Gpu& gpu, int slices, std::vector<Candidate>& out) {
