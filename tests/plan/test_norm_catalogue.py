@@ -303,3 +303,42 @@ def test_wide_odd_rows_plan_flat_backward(op, shape):
     b = plan(op, shape)["backward"]
     assert b["design"] == "flat_row"
     assert b["knobs"]["vecs_per_thread"] * b["knobs"]["cta_threads"] >= shape[1]
+
+
+# Rows no CTA's registers hold, more of them than a wave's slice groups: (op, shape, dtype).
+MANY_WIDE = [
+    ("rms_norm", (512, 131072), torch.bfloat16),
+    ("rms_norm", (4096, 131072), torch.bfloat16),
+    ("rms_norm", (1024, 65536), torch.float32),
+    ("layer_norm", (512, 131072), torch.bfloat16),
+    ("layer_norm", (1024, 65536), torch.float16),
+    ("layer_norm", (2048, 65536), torch.bfloat16),
+    ("layer_norm", (512, 131072), torch.float32),
+]
+
+
+@pytest.mark.parametrize("op,shape,dtype", MANY_WIDE, ids=[f"{o}-{s[0]}x{s[1]}-{str(d)[6:]}" for o, s, d in MANY_WIDE])
+def test_many_wide_rows_slice_through_a_deferred_ring(op, shape, dtype):
+    """Slices that wait on each other's statistics every row block idle meanwhile;
+    a ring collects them a row block late while the next row blocks load."""
+    p = plan(op, shape, dtype)
+    assert p["design"] == "sliced_row"
+    assert p["knobs"]["ring_stages"] >= 3 and p["knobs"]["grid_exchange"] == 1
+    waiting = {k: v for k, v in p["knobs"].items() if k != "blocks_per_sm"} | {"ring_stages": 0, "grid_exchange": 0}
+    with _tuning.norm_override("fwd", "sliced_row", **waiting):
+        forced = plan(op, shape, dtype)
+    assert forced["forced"] and forced["cost_us"] > p["cost_us"]
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_a_ring_pays_a_fixed_stretch_each_row_slice(op):
+    """Twice the slices halve each slice's bytes, not its exchange and barriers:
+    at the same CTA, 16 slices of a 131072-wide row cost more than 8."""
+    knobs = {"cta_threads": 256, "vecs_per_thread": 8, "ring_stages": 3, "grid_exchange": 1}
+    costs = {}
+    for slices in (8, 16):
+        with _tuning.norm_override("fwd", "sliced_row", slices=slices, **knobs):
+            p = plan(op, (512, 131072))
+        assert p["forced"] and p["knobs"]["slices"] == slices
+        costs[slices] = p["cost_us"]
+    assert costs[16] > costs[8]

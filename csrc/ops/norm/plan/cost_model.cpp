@@ -22,6 +22,9 @@ constexpr double kSplitEfficiency = 0.45;                       // the split col
 constexpr double kHideWarpsPerUs = 240;   // warps an SM needs to stream at full rate, a us of work an element
 constexpr double kPersistentLoop = 0.97;  // a persistent CTA's gap between one row block and the next
 constexpr double kSmAlone = 2.5;          // an SM streaming alone: times its DRAM share (H200: ~70 GB/s against 27)
+// Forward slices: the rate they keep waiting on each other's statistics every row block, a reduction; a deferred ring's
+// fixed work a row's slice and reduction, in bytes it could have loaded meanwhile.
+constexpr double kSliceWait = 0.80, kRingSliceBytes = 2304;
 // Rows read in narrow accesses (narrow_access) reach this much of copy, plus the rest in proportion to an access's
 // bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
@@ -33,25 +36,25 @@ double dram_bytes_per_us(const Gpu& gpu, double active) {
   return per_sm * std::min<double>(gpu.sm_count, kSmAlone * std::max(1.0, active));
 }
 struct Shape {
-  double bytes = 0;                // DRAM traffic of the call
-  double row_block_bytes = 0;      // bytes one row block has requested at once
-  int launches = 1;                // kernels in the call
-  double reductions = 1;           // row reductions a row block waits on (LayerNorm's two passes: 2)
-  double after_reduction = 0;      // latency on a row block's path after its reduction
-  double element_us = 0;           // a thread's work an element it holds, per row block
-  double tail_us = 0;              // work after the last row block (column CTAs' sums)
-  double design_efficiency = 1;    // a design's own ceiling below copy bandwidth
-  bool walks_rows = false;         // a CTA loads row after row even in one wave
-  bool smem_pass = false;          // the rows pass through shared memory
-  bool loads_ahead = false;        // the next row block's loads fly while a CTA works on this one
-  double duty = 0;                 // a CTA's share of time loading (0: from its bytes and barriers)
-  bool defer_behind_next = false;  // deferred statistics hide the exchange only behind a next row block
-  int64_t row_blocks = 0;          // row blocks spread over the slots (0: the candidate's)
+  double bytes = 0;              // DRAM traffic of the call
+  double row_block_bytes = 0;    // bytes one row block has requested at once
+  int launches = 1;              // kernels in the call
+  double reductions = 1;         // row reductions a row block waits on (LayerNorm's two passes: 2)
+  double after_reduction = 0;    // latency on a row block's path after its reduction
+  double element_us = 0;         // a thread's work an element it holds, per row block
+  double tail_us = 0;            // work after the last row block (column CTAs' sums)
+  double design_efficiency = 1;  // a design's own ceiling below copy bandwidth
+  bool walks_rows = false;       // a CTA loads row after row even in one wave
+  bool smem_pass = false;        // the rows pass through shared memory
+  bool loads_ahead = false;      // the next row block's loads fly while a CTA works on this one
+  double duty = 0;               // a CTA's share of time loading (0: from its bytes and barriers)
+  bool forward = false;          // its deferred statistics hide the exchange only behind a next row block
+  int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
 };
 
 // Spreads the row blocks over the resident slots and prices the result.
 void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) {
-  const int slices = std::max(1, c.knobs.slices), threads = c.key.threads();
+  const int slices = std::max(1, c.knobs.slices), threads = c.key.threads(), tpr = c.key.threads_per_row;
   // CTAs an SM holds by registers, shared memory and 2048 threads; launch bounds are a floor.
   const int regs_allow = blocks_leaving(threads, std::max(1, 2048 / std::max(1, threads)), c.regs);
   const int resident = std::max(fit_smem(regs_allow, static_cast<int64_t>(c.smem), kSmemPerSm), c.knobs.blocks_per_sm);
@@ -65,25 +68,25 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   const double ctas_per_sm = busy * slices / gpu.sm_count, cta_bytes = s.row_block_bytes / slices;
   c.in_flight = ctas_per_sm * cta_bytes * ahead;
   const double thread_bytes = cta_bytes / std::max(1, threads);
-  const double warps = std::log2(1.0 + std::max(1, int(c.key.threads_per_row)) / 32.0) + s.reductions;
+  const double warps = std::log2(1.0 + std::max(1, tpr) / 32.0) + s.reductions;
   const double duty = s.duty > 0 ? s.duty : thread_bytes / (thread_bytes + kBarrierBytes * warps);
-  // In one wave every CTA requests its rows at launch: the duty thins nothing. A CTA whose next row block's loads fly
-  // while it works requests for two.
-  const bool one_shot = rounds <= 1 && !s.walks_rows;
-  const double requesters = std::max(1.0, ctas_per_sm) * (s.loads_ahead ? 2.0 : 1.0);
+  // In one wave every CTA requests its rows at launch; one whose next row blocks' loads fly as it works, for two.
+  const bool one_shot = rounds <= 1 && !s.walks_rows, ring = s.forward && (c.key.flags & kDeferStats) != 0;
+  const double requesters = std::max(1.0, ctas_per_sm) * (s.loads_ahead || ring ? 2.0 : 1.0);
   const double overlap = one_shot ? 1.0 : 1.0 - std::pow(1.0 - duty, requesters);
   const double balance = blocks / (rounds * busy), loop = c.knobs.persistent && rounds > 1 ? kPersistentLoop : 1.0;
   const double sm_warps = std::max(1.0, ctas_per_sm) * ceil_div(threads, 32), hide = kHideWarpsPerUs * s.element_us;
   c.efficiency = overlap * balance * s.design_efficiency * loop * std::min(1.0, sm_warps / std::max(1.0, hide));
   // The dependent chain: each slot's row blocks in turn, a thread's own work exposed once at the end.
-  const double warps_per_row = c.key.threads_per_row / 32.0;
-  const double sync = warps_per_row > 1 ? kBarrierUs * s.reductions * std::max(1.0, warps_per_row / 8.0) : 0.0;
+  const double sync = tpr > 32 ? kBarrierUs * s.reductions * std::max(1.0, tpr / 256.0) : 0.0;
   // Deferred statistics hide the exchange: the forward's behind a next row block, the backward's behind dW / dB too.
-  const bool hidden = (c.key.flags & kDeferStats) != 0 && (rounds > 1 || !s.defer_behind_next);
+  const bool hidden = (c.key.flags & kDeferStats) != 0 && (rounds > 1 || !s.forward);
+  if (s.forward && slices > 1 && !hidden && rounds > 1) c.efficiency *= std::pow(kSliceWait, s.reductions);
+  if (ring) c.efficiency /= 1.0 + kRingSliceBytes * s.reductions * slices / double(p.row_bytes());  // no residual
   const double exchange = slices > 1 && !hidden ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
   // A thread's serial work: every chunk of its slice, idle slots included.
-  const int64_t chunk = int64_t{c.key.threads_per_row} * std::max(1, c.knobs.vecs_per_thread);
+  const int64_t chunk = int64_t{tpr} * std::max(1, c.knobs.vecs_per_thread);
   const int64_t chunks = ceil_div(ceil_div(p.nvec(), slices), chunk);
   const double serial = double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * s.element_us;
   const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + serial + s.tail_us;
@@ -93,9 +96,8 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   c.us = std::max(stream, chain) + kPartialOverlap * std::min(stream, chain) + kLaunchUs * (s.launches - 1);
 }
 
-// The rows' access width: flat_row reads 16-byte pieces whatever N is (and passes them through shared memory, a barrier
-// before its stores, with the next row block's copies in flight); every other design reads vectors that divide N,
-// priced below copy where they are narrow.
+// The rows' access width: flat_row reads 16-byte pieces whatever N is (through shared memory, a barrier before its
+// stores, the next row block's copies in flight); other designs read vectors dividing N, priced below copy if narrow.
 void price_access(const NormProblem& p, bool forward, bool flat, Shape& s) {
   const double narrow = forward ? kNarrowFwd : kNarrowBwd;
   if (flat) {
@@ -110,10 +112,9 @@ void price_access(const NormProblem& p, bool forward, bool flat, Shape& s) {
 }  // namespace
 
 void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
-  const double m = double(p.rows), row = double(p.row_bytes());
+  const double m = double(p.rows), row = double(p.row_bytes()), streams = p.residual ? 4.0 : 2.0;  // x, y (+ r, h)
   const auto d = static_cast<FwdDesign>(c.design);
   Shape s;
-  const double streams = p.residual ? 4.0 : 2.0;  // x, y (and residual in, h out)
   s.bytes = m * row * streams + double(p.hidden) * p.wsize() * p.affine_tensors() + m * 8.0;
   if (d == FwdDesign::kReloadRow) s.bytes += m * row * (p.residual ? 2.0 : 1.0);
   const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
@@ -126,14 +127,13 @@ void cost_fwd(const NormProblem& p, const Gpu& gpu, Candidate& c) {
   const bool chunked = d == FwdDesign::kFlatRow && int64_t{c.knobs.vecs_per_thread} * c.key.threads_per_row < p.nvec();
   s.element_us = chunked ? kChunkedElementUs : kFwdElementUs;
   s.duty = chunked ? kChunkedDuty : 0.0;
-  s.defer_behind_next = true;
+  s.forward = true;
   price_access(p, true, d == FwdDesign::kFlatRow, s);
   finish(p, s, gpu, c);
 }
 void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate& c) {
-  const double m = double(p.rows), row = double(p.row_bytes()), n = double(p.hidden);
+  const double m = double(p.rows), row = double(p.row_bytes()), n = double(p.hidden), streams = w.dh ? 4.0 : 3.0;
   const auto d = static_cast<BwdDesign>(c.design);
-  const double streams = w.dh ? 4.0 : 3.0;  // x, dy, dx (and dh)
   Shape s;
   s.bytes = m * row * streams + m * 8.0 + n * p.wsize() * (1 + w.accums());
   // Each persistent unit writes an fp32 partial row a gradient, read back (split_row: each row tile, priced below).
