@@ -48,7 +48,7 @@ struct Shape {
   bool smem_pass = false;        // the rows pass through shared memory
   bool loads_ahead = false;      // the next row block's loads fly while a CTA works on this one
   double duty = 0;               // a CTA's share of time loading (0: from its bytes and barriers)
-  bool forward = false;          // its deferred statistics hide the exchange only behind a next row block
+  bool forward = false;          // exchange hidden only behind a next row block; kSliceWait, kRingSliceBytes apply
   int64_t row_blocks = 0;        // row blocks spread over the slots (0: the candidate's)
 };
 
