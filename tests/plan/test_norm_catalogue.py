@@ -33,6 +33,11 @@ def plan(op="rms_norm", shape=(16384, 4096), dtype=torch.bfloat16, **kw):
     return rtcnorm.explain(op, shape, dtype, device="cpu", **kw)
 
 
+def case_ids(cases):
+    """Test ids of (op, shape, dtype) cases: op-MxN-dtype."""
+    return [f"{o}-{s[0]}x{s[1]}-{str(d)[6:]}" for o, s, d in cases]
+
+
 def test_the_catalogue_lists_each_design_with_its_knobs():
     assert _tuning.norm_designs("fwd") == FWD_DESIGNS
     assert _tuning.norm_designs("bwd") == BWD_DESIGNS
@@ -227,7 +232,7 @@ NARROW = [
 ]
 
 
-@pytest.mark.parametrize("op,shape,dtype", NARROW, ids=[f"{o}-{s[0]}x{s[1]}-{str(d)[6:]}" for o, s, d in NARROW])
+@pytest.mark.parametrize("op,shape,dtype", NARROW, ids=case_ids(NARROW))
 def test_narrow_widths_read_flat_pieces_only_where_rows_are_contiguous(op, shape, dtype):
     p = plan(op, shape, dtype)
     assert p["design"] == "flat_row"
@@ -317,7 +322,7 @@ MANY_WIDE = [
 ]
 
 
-@pytest.mark.parametrize("op,shape,dtype", MANY_WIDE, ids=[f"{o}-{s[0]}x{s[1]}-{str(d)[6:]}" for o, s, d in MANY_WIDE])
+@pytest.mark.parametrize("op,shape,dtype", MANY_WIDE, ids=case_ids(MANY_WIDE))
 def test_many_wide_rows_slice_through_a_deferred_ring(op, shape, dtype):
     """Slices that wait on each other's statistics every row block idle meanwhile;
     a ring collects them a row block late while the next row blocks load."""
