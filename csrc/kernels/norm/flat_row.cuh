@@ -166,13 +166,14 @@ __device__ __forceinline__ void norm_fwd_flat(const NormFwdParams& p) {
     float mean, rstd;
     if constexpr (kStaged) {
       flat_piece_stats<KIND, T, TPR, N, kRes>(xbuf, rbuf, b, lane, p.eps, scratch, mean, rstd);
-    } else if constexpr (KIND == kLayerNorm) {
-      load_chunk(0, true);
-      two_pass_stats<T, VEC, TPR, ROWS, NV, N, kVecs>(xv, row_ok, lane, p.eps, scratch, mean, rstd);
     } else {
       load_chunk(0, true);
-      const Sum1 a = group_allreduce<TPR, ROWS>(Stats::template of_chunk<T, VEC, NV>(xv, ok), scratch);
-      Stats::finish(a, N, p.eps, mean, rstd);
+      if constexpr (KIND == kLayerNorm) {
+        two_pass_stats<T, VEC, TPR, ROWS, NV, N, kVecs>(xv, row_ok, lane, p.eps, scratch, mean, rstd);
+      } else {
+        const Sum1 a = group_allreduce<TPR, ROWS>(Stats::template of_chunk<T, VEC, NV>(xv, ok), scratch);
+        Stats::finish(a, N, p.eps, mean, rstd);
+      }
     }
     if (row_ok) {  // overflowed sums (norm/stats_guard.cuh)
       const auto row_of = [&] { return GuardRow<T>{x + row * N, kRes ? res + row * N : res}; };
