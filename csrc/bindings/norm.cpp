@@ -168,8 +168,8 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["cost_us"] = b.cost_us;
   bd["tuned"] = b.trace.tuned;
   bd["forced"] = b.trace.forced;
-  bd["cached_row"] = !b.split;
-  bd["split"] = b.split;
+  bd["cached_row"] = !b.split();
+  bd["split"] = b.split();
   put_launch(bd, b.key, b.row_blocks);
   if (resources) bd["ptxas"] = g_ptxas(b.key);
   const bool staged = (b.key.flags & kStagedRow) != 0;
@@ -180,7 +180,7 @@ py::dict explain_norm(const std::string& op, int64_t rows, int64_t hidden, const
   bd["direct_grads"] = (b.key.flags & kDirectGrads) != 0;
   bd["smem"] = b.smem;
   bd["programmatic_launch"] = jit::programmatic_arch(b.key.arch);
-  if (b.split) {
+  if (b.split()) {
     bd["coef_kernel"] = b.coef_key.name_expression();
     if (resources) bd["coef_ptxas"] = g_ptxas(b.coef_key);
     const SplitGrid g = split_grid(b, rows, sm_count);

@@ -302,17 +302,17 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   const jit::LoadedKernel& k = jit::get_kernel(plan.key, dev, stream, plan.smem);
   // Partial rows: one per persistent CTA (or cluster), or one per row tile when split.
   SplitGrid split;
-  if (plan.split) split = split_grid(plan, d.rows, info.sm_count);
+  if (plan.split()) split = split_grid(plan, d.rows, info.sm_count);
   // kColumnGrads: a row CTA per row block, then the column CTAs.
   const bool column_grads = (plan.key.flags & kColumnGrads) != 0;
   // kGridExchange: a row's slices are a group of CTAs of a cooperative launch.
   const bool grid_exchange = (plan.key.flags & kGridExchange) != 0;
   const int group_ctas = grid_group_ctas(plan.key);
   check_grid_group_fits(op, plan.key, k, info.sm_count, "bwd_grid_exchange");
-  const int64_t grid = plan.split     ? split.col_tiles
+  const int64_t grid = plan.split()   ? split.col_tiles
                        : column_grads ? plan.row_blocks + plan.col_ctas
                                       : norm_grid(plan.row_blocks, true, info.sm_count, k, plan.max_units, group_ctas);
-  const int64_t parts = plan.split ? split.row_tiles : grid / grid_unit_ctas(plan.key);
+  const int64_t parts = plan.split() ? split.row_tiles : grid / grid_unit_ctas(plan.key);
   // kDirectGrads: one CTA (cluster) owns every row and writes dW / dB itself.
   const bool direct = (plan.key.flags & kDirectGrads) != 0;
   TORCH_INTERNAL_ASSERT(!direct || parts == 1, op, ": direct gradients need a grid of one row block");
@@ -346,8 +346,8 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   prm.db = grads_in_kernel && want_db ? out.db.data_ptr() : nullptr;
   prm.rows = d.rows;
   prm.row_blocks = plan.row_blocks;
-  prm.col_vecs = plan.col_vecs;
-  if (plan.split) {
+  prm.col_vecs = static_cast<int>(plan.col_vecs);
+  if (plan.split()) {
     coef = at::empty({d.rows, 2}, input.options().dtype(at::kFloat));
     prm.row_coef = coef.data_ptr<float>();
     prm.rows_per_tile = split.rows_per_tile;
@@ -358,8 +358,8 @@ NormBwdOutputs norm_backward_cuda(NormKind kind, const char* op, const at::Tenso
   prm.exchange = exchange.words;
   prm.exchange_base = exchange.tag_base;
   // After the coefficient kernel, the column kernel may launch programmatically (jit::launch: on sm_90+).
-  jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split ? split.row_tiles : 1),
-              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split, grid_exchange);
+  jit::launch(k, static_cast<unsigned>(grid), static_cast<unsigned>(plan.split() ? split.row_tiles : 1),
+              static_cast<unsigned>(plan.key.threads()), 1, stream, &prm, plan.split(), grid_exchange);
 
   if (partial_sets > 0) {
     ColumnReduceParams rp{};

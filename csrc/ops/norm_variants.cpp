@@ -86,7 +86,7 @@ std::vector<KernelKey> norm_keys(NormKind kind, DType dtype, int64_t hidden, con
                   p.flat = one_stride;
                   const NormBwdPlan b = plan_norm_bwd(p, dw, db, dh, 132, arch);
                   keys.push_back(b.key);
-                  if (b.split) keys.push_back(b.coef_key);
+                  if (b.split()) keys.push_back(b.coef_key);
                 }
               p.single_stride = true;
               p.flat = true;

@@ -57,17 +57,16 @@ struct TunedChoice {
 struct Candidate {
   int design = 0;  // FwdDesign or BwdDesign, as int
   Knobs knobs;
-  jit::KernelKey key;      // the kernel (the split design: its column kernel)
-  int64_t row_blocks = 0;  // ceil(rows / rows_per_cta)
-  int64_t grid = 0;        // CTAs launched (persistent: SMs x occupancy, capped)
-  size_t smem = 0;         // dynamic shared memory a CTA
-  int regs = 0;            // estimated registers a thread needs
-  int col_vecs = 0;        // kColumnGrads: vectors of columns a column CTA owns
-  int64_t col_ctas = 0;    // kColumnGrads: column CTAs after the row CTAs
-  double bytes = 0;        // DRAM bytes moved, partial rows and re-reads included
-  double in_flight = 0;    // bytes a resident SM has requested at once
-  double efficiency = 0;   // fraction of copy bandwidth the model expects
-  double us = 0;           // the model's estimate
+  jit::KernelKey key;                  // the kernel (the split design: its column kernel)
+  int64_t row_blocks = 0;              // ceil(rows / rows_per_cta)
+  int64_t grid = 0;                    // CTAs launched (persistent: SMs x occupancy, capped)
+  size_t smem = 0;                     // dynamic shared memory a CTA
+  int regs = 0;                        // estimated registers a thread needs
+  int64_t col_vecs = 0, col_ctas = 0;  // kColumnGrads: vectors of columns a column CTA owns; column CTAs
+  double bytes = 0;                    // DRAM bytes moved, partial rows and re-reads included
+  double in_flight = 0;                // bytes a resident SM has requested at once
+  double efficiency = 0;               // fraction of copy bandwidth the model expects
+  double us = 0;                       // the model's estimate
 };
 // A problem's candidates in catalogue order; dominated designs left out unless `every` (a forced design).
 void fwd_candidates(const NormProblem& p, NormMode mode, const Gpu& gpu, std::vector<Candidate>& out, bool every);

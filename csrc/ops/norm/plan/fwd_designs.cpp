@@ -20,8 +20,7 @@ unsigned memory_flags(const NormProblem& p) {
   return (bytes >= kL1AllocMinInputBytes ? kL1Allocate : 0u) | (bytes >= (int64_t(64) << 20) ? kStreamStore : 0u);
 }
 unsigned affine_flags(const NormProblem& p, int nv, int64_t row_blocks, const Gpu& gpu) {
-  if (p.affine_tensors() == 0) return 0u;
-  return nv <= 2 ? kPreloadAffine : row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
+  return p.affine_tensors() == 0 ? 0u : nv <= 2 ? kPreloadAffine : row_blocks <= gpu.sm_count ? kPrefetchAffine : 0u;
 }
 bool mode_allows(NormMode mode, bool persistent, bool cached) {
   if (mode == NormMode::kStaticPersistent) return persistent;

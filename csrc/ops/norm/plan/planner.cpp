@@ -204,11 +204,10 @@ NormBwdPlan plan_norm_bwd(const NormProblem& p, bool want_dw, bool want_db, bool
   NormBwdPlan plan;
   const Candidate& best = pick(false, tuned, explain, cands, plan, [&](Candidate& c) { cost_bwd(p, w, gpu, c); });
   plan.design = static_cast<BwdDesign>(best.design);
-  plan.split = plan.design == BwdDesign::kSplitRow;
   plan.col_vecs = best.col_vecs;
   plan.col_ctas = best.col_ctas;
-  if (plan.split) plan.coef_key = split_coef_key(p, arch);
-  if (!plan.split) plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
+  if (plan.split()) plan.coef_key = split_coef_key(p, arch);
+  if (!plan.split()) plan.max_units = std::max<int64_t>(1, best.grid / std::max(1, best.knobs.slices));
   return plan;
 }
 

@@ -33,11 +33,10 @@ struct NormFwdPlan : NormPlan {
 };
 struct NormBwdPlan : NormPlan {
   BwdDesign design = BwdDesign::kRegisterRow;
-  bool split = false;                                       // split_row; every other design holds its rows
-  jit::KernelKey coef_key;                                  // the split design's per-row coefficient kernel
-  int64_t max_units = std::numeric_limits<int64_t>::max();  // persistent units at most: the partial rows priced
-  int col_vecs = 0;  // column_grads: vectors of columns a column CTA owns; col_ctas: column CTAs
-  int64_t col_ctas = 0;
+  bool split() const { return design == BwdDesign::kSplitRow; }  // every other design holds its rows
+  jit::KernelKey coef_key;                                       // the split design's per-row coefficient kernel
+  int64_t max_units = std::numeric_limits<int64_t>::max();       // persistent units at most: the partial rows priced
+  int64_t col_vecs = 0, col_ctas = 0;  // column_grads: vectors of columns a column CTA owns; column CTAs
 };
 // `tuned`: a measured choice, taken where feasible and no override is set.
 NormFwdPlan plan_norm_fwd(const NormProblem& p, NormMode requested, int sm_count, int arch, bool explain = false,
