@@ -17,6 +17,7 @@ constexpr double kBarrierBytes = 13.0;    // a barrier round costs a thread the 
 constexpr double kL2TripUs = 0.3;         // gamma fetched after the reduction (not preloaded)
 constexpr double kFwdElementUs = 0.02;    // a thread's work an element it holds: statistics and normalize
 constexpr double kBwdElementUs = 0.05;    // the same for two row dots, dx and the dW / dB sums
+constexpr double kRawTerms = 4.0 / 3.0;   // its factor where dx converts x and dy again (no kKeepTerms: 40 vs 30 ops)
 constexpr double kChunkedElementUs = 0.04, kChunkedDuty = 0.5;  // a row read in chunks: its work, share loading
 constexpr double kSplitEfficiency = 0.45;                       // the split column kernel walks rows down columns
 constexpr double kHideWarpsPerUs = 240;   // warps an SM needs to stream at full rate, a us of work an element
@@ -85,9 +86,10 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
   if (ring) c.efficiency /= 1.0 + kRingSliceBytes * s.reductions * slices / double(p.row_bytes());  // no residual
   const double exchange = slices > 1 && !hidden ? kExchangeUs : 0.0;
   const double wait = kLatencyUs + sync + exchange + s.after_reduction;
-  // A thread's serial work: every chunk of its slice, idle slots included.
-  const int64_t chunk = int64_t{tpr} * std::max(1, c.knobs.vecs_per_thread);
-  const int64_t chunks = ceil_div(ceil_div(p.nvec(), slices), chunk);
+  // A thread's serial work: every chunk of its slice, idle slots included (in the backward, a share of the rate).
+  const int64_t chunk = int64_t{tpr} * std::max(1, c.knobs.vecs_per_thread), slice = ceil_div(p.nvec(), slices);
+  const int64_t chunks = ceil_div(slice, chunk);
+  if (!s.forward && c.design != int(BwdDesign::kSplitRow)) c.efficiency *= double(slice) / double(chunks * chunk);
   const double serial = double(chunks * std::max(1, c.knobs.vecs_per_thread) * c.key.vec) * s.element_us;
   const double chain = wait * (1.0 + (rounds - 1.0) / ahead) + serial + s.tail_us;
   const double pass = s.smem_pass || (c.key.flags & (kStagedRow | kSmemRow)) != 0 ? 1.0 + kSmemPass : 1.0;
@@ -163,7 +165,8 @@ void cost_bwd(const NormProblem& p, const BwdWants& w, const Gpu& gpu, Candidate
     }
     const double rows = double(std::min<int64_t>(c.key.rows_per_cta, p.rows));  // a CTA's rows that exist
     s.row_block_bytes = rows * row * (streams - 1.0);
-    s.element_us = kBwdElementUs;
+    const bool raw = (d == BwdDesign::kRegisterRow || d == BwdDesign::kStagedRow) && (c.key.flags & kKeepTerms) == 0;
+    s.element_us = kBwdElementUs * (raw ? kRawTerms : 1.0);
   }
   price_access(p, false, d == BwdDesign::kFlatRow, s);
   finish(p, s, gpu, c);
