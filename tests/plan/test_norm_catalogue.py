@@ -227,6 +227,9 @@ NARROW = [
     ("rms_norm", (38177, 1973), torch.bfloat16),
     ("rms_norm", (1946, 2705), torch.bfloat16),
     ("layer_norm", (38177, 1973), torch.bfloat16),
+    ("layer_norm", (1946, 2705), torch.bfloat16),
+    ("layer_norm", (13247, 1573), torch.float16),
+    ("layer_norm", (12288, 3001), torch.bfloat16),
     ("rms_norm", (4096, 9999), torch.float16),
     ("rms_norm", (8192, 1001), torch.float16),
 ]

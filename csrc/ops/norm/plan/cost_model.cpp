@@ -27,7 +27,8 @@ constexpr double kSmAlone = 2.5;          // an SM streaming alone: times its DR
 // fixed work a row's slice and reduction, in bytes it could have loaded meanwhile.
 constexpr double kSliceWait = 0.80, kRingSliceBytes = 2304;
 // Rows read in narrow accesses (narrow_access) reach this much of copy, plus the rest in proportion to an access's
-// bytes: the forward's one stream, the backward's two (x and dy) with their loads a thread.
+// bytes: the forward's one stream, once a row reduction (issue-bound: LayerNorm's second pass compounds it), the
+// backward's two (x and dy) with their loads a thread.
 constexpr double kNarrowFwd = 0.8, kNarrowBwd = 0.35;
 constexpr int64_t kSmemPerSm = 228 * 1024;
 
@@ -101,7 +102,7 @@ void finish(const NormProblem& p, const Shape& s, const Gpu& gpu, Candidate& c) 
 // The rows' access width: flat_row reads 16-byte pieces whatever N is (through shared memory, a barrier before its
 // stores, the next row block's copies in flight); other designs read vectors dividing N, priced below copy if narrow.
 void price_access(const NormProblem& p, bool forward, bool flat, Shape& s) {
-  const double narrow = forward ? kNarrowFwd : kNarrowBwd;
+  const double narrow = forward ? std::pow(kNarrowFwd, s.reductions) : kNarrowBwd;
   if (flat) {
     s.smem_pass = true;
     s.loads_ahead = s.duty == 0;  // a row read in chunks (duty set): a ring of one stage, loaded then worked on
