@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -95,6 +96,18 @@ def summary(rows: list[dict], tolerance: float) -> str:
     )
 
 
+def by_direction(rows: list[dict]) -> str:
+    """Per direction: timed picks, their geometric mean and worst ratio to the fastest timed
+    candidate (one figure a cost-model change should lower)."""
+    parts = []
+    for d in ("fwd", "bwd"):
+        ratios = [r["ratio"] for r in rows if r["direction"] == d and "ratio" in r]
+        if ratios:
+            mean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            parts.append(f"{d}: {len(ratios)} timed, geometric mean {mean:.4f}, worst {max(ratios):.3f}")
+    return "; ".join(parts)
+
+
 def _pick(r: dict) -> str:
     return choice_text({"design": r["pick"], "knobs": r["knobs"]})
 
@@ -123,7 +136,7 @@ def main(argv=None) -> int:
         for r in rows
         if r["verdict"] == "unmeasured"
     ]
-    text = summary(rows, a.tolerance) + "\n\nMisses:\n\n" + table(rows)
+    text = summary(rows, a.tolerance) + "\n\n" + by_direction(rows) + "\n\nMisses:\n\n" + table(rows)
     text += "\n\nPicks never timed:\n\n" + "\n".join(f"- {n}" for n in never)
     print(text)
     if a.md:

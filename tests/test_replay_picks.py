@@ -48,6 +48,18 @@ def test_a_cell_without_candidates_is_counted_not_priced():
     assert text.startswith("0 of 0 timed picks") and "1 cells without candidates" in text
 
 
+def test_each_direction_reports_the_geometric_mean_of_its_timed_ratios():
+    rows = [
+        {"direction": "fwd", "ratio": 1.0},
+        {"direction": "fwd", "ratio": 1.21},
+        {"direction": "bwd", "ratio": 1.5},
+        {"direction": "bwd", "verdict": "unmeasured"},
+    ]
+    assert R.by_direction(rows) == (
+        "fwd: 2 timed, geometric mean 1.1000, worst 1.210; bwd: 1 timed, geometric mean 1.5000, worst 1.500"
+    )
+
+
 def test_a_problem_in_several_recordings_takes_the_last_cell_whole():
     a = cell([["register_row", {"vecs_per_thread": 4}, 10.0], ["staged_row", {"vecs_per_thread": 4}, 12.0]])
     b = cell([["register_row", {"vecs_per_thread": 4}, 11.0], ["register_row", {"vecs_per_thread": 2}, 9.0]])
