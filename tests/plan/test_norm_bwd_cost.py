@@ -9,13 +9,13 @@ measurements behind both: docs/history.md, entry 103.
 from __future__ import annotations
 
 import pytest
-import rtcnorm
 import torch
+from norm_plan_cases import case_ids, plan
 from rtcnorm import _tuning
 
 
 def backward(op, shape, dtype=torch.bfloat16):
-    return rtcnorm.explain(op, shape, dtype, device="cpu", arch="sm_90", sm_count=132)["backward"]
+    return plan(op, shape, dtype)["backward"]
 
 
 # Many rows of up to 4096 columns: (op, shape, dtype).
@@ -30,7 +30,7 @@ MANY_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("op,shape,dtype", MANY_ROWS, ids=[f"{o}-{s[0]}x{s[1]}-{str(d)[6:]}" for o, s, d in MANY_ROWS])
+@pytest.mark.parametrize("op,shape,dtype", MANY_ROWS, ids=case_ids(MANY_ROWS))
 def test_many_rows_keep_the_terms_of_16_elements_a_thread(op, shape, dtype):
     """16 elements a thread keep their terms at 16 warps an SM; 32 a thread,
     converted again for dx at 12 warps, are priced dearer."""

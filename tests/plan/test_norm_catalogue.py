@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import rtcnorm
 import torch
+from norm_plan_cases import case_ids, plan
 from rtcnorm import _tuning
 
 FWD_DESIGNS = {
@@ -27,15 +28,6 @@ BWD_DESIGNS = {
     "column_grads": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
     "flat_row": ["vecs_per_thread", "cta_threads", "blocks_per_sm"],
 }
-
-
-def plan(op="rms_norm", shape=(16384, 4096), dtype=torch.bfloat16, **kw):
-    return rtcnorm.explain(op, shape, dtype, device="cpu", **kw)
-
-
-def case_ids(cases):
-    """Test ids of (op, shape, dtype) cases: op-MxN-dtype."""
-    return [f"{o}-{s[0]}x{s[1]}-{str(d)[6:]}" for o, s, d in cases]
 
 
 def test_the_catalogue_lists_each_design_with_its_knobs():
